@@ -5,3 +5,15 @@ from __future__ import annotations
 from rcgrpo.runtime import apply_defaults
 
 apply_defaults()
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """One real ephemeral Prefect server (SQLite, 127.0.0.1) for the whole session (~25 s)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield

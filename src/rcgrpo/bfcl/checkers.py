@@ -23,9 +23,9 @@ and compare against the ground truth, whose run is memoised per task (immutable 
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
+import pickle
 from collections import Counter
 from dataclasses import dataclass
 
@@ -59,26 +59,47 @@ class GroundTruthRun:
     calls: tuple[tuple[str, dict], ...]  # every call as (name, bound arguments)
 
 
-def parse_call_string(text: str) -> Call:
-    """One stored call string -> Call (the same safe parser the agent's text goes through)."""
+@functools.lru_cache(maxsize=65536)
+def _parse_once(text: str) -> Call:
     parsed = parse_calls(text)
     if parsed.errors or len(parsed.calls) != 1:
         raise CallError(f"not a single tool call: {text!r} ({'; '.join(parsed.errors)})")
     return parsed.calls[0]
 
 
-def _bound(episode: Episode, call: Call, with_defaults: bool) -> dict | None:
-    """Arguments by parameter name, or None if they do not fit the signature."""
-    method = episode.available().get(call.name)
-    if method is None:
-        return None
+def parse_call_string(text: str) -> Call:
+    """One stored call string -> a fresh Call (the same safe parser the agent's text goes
+    through; memoised, and copied so a tool that mutates its arguments cannot touch the memo)."""
+    call = _parse_once(text)
+    if all(
+        isinstance(v, str | int | float | bool | None) for v in (*call.args, *call.kwargs.values())
+    ):
+        return call
+    return pickle.loads(pickle.dumps(call))
+
+
+@functools.lru_cache(maxsize=65536)
+def _bound(function, text: str, with_defaults: bool) -> dict | None:
+    """Arguments of call `text` by parameter name (None if they do not fit the signature).
+
+    Bound against the class's unbound function and memoised per (function, text): the same call
+    strings recur across the G rollouts of a task. Read-only result.
+    """
+    call = _parse_once(text)
     try:
-        bound = inspect.signature(method).bind(*call.args, **call.kwargs)
+        bound = inspect.signature(function).bind(None, *call.args, **call.kwargs)
     except TypeError:
         return None
     if with_defaults:
         bound.apply_defaults()
-    return dict(bound.arguments)
+    arguments = dict(bound.arguments)
+    arguments.pop(next(iter(arguments)))  # self
+    return arguments
+
+
+def _function(episode: Episode, name: str):
+    method = episode.available().get(name)
+    return getattr(method, "__func__", None)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -91,9 +112,17 @@ def ground_truth_run(task: Task) -> GroundTruthRun:
         parsed = [parse_call_string(c) for c in turn_calls]
         step = episode.step(parsed)
         results.append(tuple(step.observations))
-        calls += [(c.name, _bound(episode, c, with_defaults=False) or {}) for c in parsed]
-        states.append(copy.deepcopy(episode.state()))
+        calls += [
+            (c.name, _bound(_function(episode, c.name), text, False) or {})
+            for c, text in zip(parsed, turn_calls, strict=True)
+        ]
+        states.append(_copy(episode.state()))
     return GroundTruthRun(tuple(results), tuple(states), tuple(calls))
+
+
+def _copy(value):
+    """Deep copy by pickle round trip (several times faster than copy.deepcopy here)."""
+    return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _state_difference(episode: Episode, expected: dict[str, dict]) -> str:
@@ -134,7 +163,9 @@ def _multiset_missing(needed, have) -> list[str]:
     return sorted(missing.elements())
 
 
-def score(task: Task, calls: list[list[list[str]]], protocol: str = "bfcl") -> tuple[Verdict, Verdict]:
+def score(
+    task: Task, calls: list[list[list[str]]], protocol: str = "bfcl"
+) -> tuple[Verdict, Verdict]:
     """Replay `calls` once and return (paper reward verdict, bfcl check verdict)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
@@ -148,25 +179,29 @@ def score(task: Task, calls: list[list[list[str]]], protocol: str = "bfcl") -> t
     episode = Episode(task, hide_missed=False)
     bfcl: Verdict | None = None
     if len(calls) != len(gt_results):
-        bfcl = Verdict(False, None, f"force terminated: {len(calls)} model turns for "
-                                    f"{len(gt_results)} ground-truth turns")
+        bfcl = Verdict(
+            False,
+            None,
+            f"force terminated: {len(calls)} model turns for {len(gt_results)} ground-truth turns",
+        )
     all_results: list[str] = []
     executed: list[tuple[str, dict]] = []
     for turn, steps in enumerate(calls):
         episode.begin_turn(min(turn, episode.n_turns - 1))
         steps = [s for s in steps if s]  # bfcl-eval drops steps that decode to no call
         for step_calls in steps:
-            parsed = []
+            texts, parsed = [], []
             for text in step_calls:
                 try:
                     parsed.append(parse_call_string(text))
+                    texts.append(text)
                 except CallError:
                     all_results.append(f"Error during execution: could not parse {text!r}")
             step = episode.step(parsed)
             all_results += step.observations
-            for call, ran in zip(step.calls, step.ok, strict=True):
+            for call, text, ran in zip(step.calls, texts, step.ok, strict=True):
                 if ran and call.name != "done":
-                    executed.append((call.name, _bound(episode, call, with_defaults=True)))
+                    executed.append((call.name, _bound(_function(episode, call.name), text, True)))
         if bfcl is not None or turn >= len(gt_results) or not gt_nonempty[turn]:
             continue
         if not steps:
@@ -181,8 +216,12 @@ def score(task: Task, calls: list[list[list[str]]], protocol: str = "bfcl") -> t
     if final_diff:
         paper = Verdict(False, None, f"R_state = 0: final {final_diff}")
     elif n_matched < len(gt.calls):
-        paper = Verdict(False, None, f"R_action = 0: {len(gt.calls) - n_matched} of "
-                                     f"{len(gt.calls)} ground-truth calls not matched")
+        paper = Verdict(
+            False,
+            None,
+            f"R_action = 0: {len(gt.calls) - n_matched} of "
+            f"{len(gt.calls)} ground-truth calls not matched",
+        )
     else:
         paper = Verdict(True, None, "R_state = R_action = 1")
     return paper, bfcl or Verdict(True, None, "every checked turn passed")
@@ -203,8 +242,16 @@ def ground_truth_calls(task: Task) -> list[list[list[str]]]:
 
 def final_state(task: Task) -> dict:
     """The ground truth's final public state (a fresh deep copy)."""
-    return copy.deepcopy(ground_truth_run(task).states[-1])
+    return _copy(ground_truth_run(task).states[-1])
 
 
-__all__ = ["Verdict", "score", "paper_reward", "bfcl_check", "ground_truth_run",
-           "ground_truth_calls", "final_state", "public_state"]
+__all__ = [
+    "Verdict",
+    "score",
+    "paper_reward",
+    "bfcl_check",
+    "ground_truth_run",
+    "ground_truth_calls",
+    "final_state",
+    "public_state",
+]

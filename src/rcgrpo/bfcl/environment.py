@@ -20,10 +20,10 @@ an error observation) until the turn that reveals it; that turn's user message i
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib
 import inspect
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -48,23 +48,32 @@ def _backend():
 def _public_method_names(cls: type) -> tuple[str, ...]:
     """Public methods of an API class, as bfcl-eval lists them (no leading underscore)."""
     return tuple(
-        name for name, member in inspect.getmembers(cls, inspect.isfunction)
+        name
+        for name, member in inspect.getmembers(cls, inspect.isfunction)
         if not name.startswith("_")
     )
 
 
+@functools.lru_cache(maxsize=4096)
+def _loaded_instance_blob(task: Task, class_name: str) -> bytes:
+    """One instance of `class_name` loaded with the task's initial_config, pickled.
+
+    Unpickling gives a fresh, independent instance in the same state as a new `cls()` +
+    `_load_scenario(deepcopy(config))` (the API classes are plain objects, their RNGs included),
+    at a fraction of the cost: `_load_scenario` deep-copies large default states. The task's
+    own config dict is never handed to API code. Memoised: immutable bytes.
+    """
+    modules, stateless = _backend()
+    instance = getattr(importlib.import_module(modules[class_name]), class_name)()
+    if class_name not in stateless:
+        config = pickle.loads(pickle.dumps(task.initial_config.get(class_name, {})))
+        instance._load_scenario(config, long_context=task.long_context)
+    return pickle.dumps(instance, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def new_instances(task: Task) -> dict[str, object]:
     """Fresh instances of the task's involved classes, loaded with its initial_config."""
-    modules, stateless = _backend()
-    instances = {}
-    for class_name in task.involved_classes:
-        cls = getattr(importlib.import_module(modules[class_name]), class_name)
-        instance = cls()
-        if class_name not in stateless:
-            config = copy.deepcopy(task.initial_config.get(class_name, {}))
-            instance._load_scenario(config, long_context=task.long_context)
-        instances[class_name] = instance
-    return instances
+    return {name: pickle.loads(_loaded_instance_blob(task, name)) for name in task.involved_classes}
 
 
 def public_state(instance: object) -> dict:
@@ -147,8 +156,11 @@ class Episode:
     # -- acting -------------------------------------------------------------------------------
     def step(self, text_or_calls: str | list[Call]) -> Step:
         """Parse (if text) and execute one model step; counts against the turn's step limit."""
-        parsed = parse_calls(text_or_calls) if isinstance(text_or_calls, str) else Parsed(
-            list(text_or_calls), [])
+        parsed = (
+            parse_calls(text_or_calls)
+            if isinstance(text_or_calls, str)
+            else Parsed(list(text_or_calls), [])
+        )
         self.steps_in_turn += 1
         functions = self.available()
         observations, ok = [], []

@@ -33,8 +33,13 @@ MAX_CALLS = 64  # most calls in one model message
 
 _TOOL_CALL_TAG = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.DOTALL)
-# Something that starts like a call: `name(`, `[name(`, `{"name"`, a tag. Plain prose is not.
-_LOOKS_LIKE_CALL = re.compile(r'^\s*(\[\s*)?([A-Za-z_][\w.]*\s*\(|\{\s*"(name|function)"|<tool_call>)')
+# Text that tries to call something: it starts like `name(`, `a.b[0](`, `[`, `(`, `{"name"`,
+# `import`, or it touches a dunder anywhere. Such text gets an error observation when it is not a valid call;
+# plain prose ("The file is moved.") is an answer, not an attempt.
+_CALL_START = re.compile(
+    r'^\s*([\[(]|\{\s*"(name|function)"|import\s|from\s+\w+\s+import\s'
+    r"|[A-Za-z_]\w*(\.\w+|\[[^\]]*\])*\s*\()"
+)
 
 
 class CallError(ValueError):
@@ -86,9 +91,12 @@ def _literal(node: ast.AST, budget: _Budget, depth: int = 0):
         raise CallError(f"literal nested deeper than {MAX_DEPTH} levels")
     if isinstance(node, ast.Constant) and isinstance(node.value, str | int | float | bool | None):
         return node.value
-    if (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd)
-            and isinstance(node.operand, ast.Constant)
-            and type(node.operand.value) in (int, float)):
+    if (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, ast.USub | ast.UAdd)
+        and isinstance(node.operand, ast.Constant)
+        and type(node.operand.value) in (int, float)
+    ):
         value = node.operand.value
         return -value if isinstance(node.op, ast.USub) else value
     if isinstance(node, ast.List | ast.Tuple | ast.Set):
@@ -99,8 +107,10 @@ def _literal(node: ast.AST, budget: _Budget, depth: int = 0):
     if isinstance(node, ast.Dict):
         if any(k is None for k in node.keys):
             raise CallError("`**` unpacking is not a literal")
-        return {_literal(k, budget, depth + 1): _literal(v, budget, depth + 1)
-                for k, v in zip(node.keys, node.values, strict=True)}
+        return {
+            _literal(k, budget, depth + 1): _literal(v, budget, depth + 1)
+            for k, v in zip(node.keys, node.values, strict=True)
+        }
     where = f" at column {node.col_offset}" if hasattr(node, "col_offset") else ""
     raise CallError(f"only literal arguments are accepted; got {type(node).__name__}{where}")
 
@@ -109,8 +119,9 @@ def _call_from_ast(node: ast.AST, budget: _Budget) -> Call:
     if not isinstance(node, ast.Call):
         raise CallError(f"expected a function call, got {type(node).__name__}")
     if not isinstance(node.func, ast.Name):
-        raise CallError("the called function must be a bare name such as `ls`, "
-                        f"not a {type(node.func).__name__}")
+        raise CallError(
+            f"the called function must be a bare name such as `ls`; got {type(node.func).__name__}"
+        )
     kwargs = {}
     for kw in node.keywords:
         if kw.arg is None:
@@ -125,7 +136,9 @@ def _check_json_value(value, budget: _Budget, depth: int = 0) -> None:
     budget.take()
     if depth > MAX_DEPTH:
         raise CallError(f"JSON arguments nested deeper than {MAX_DEPTH} levels")
-    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    children = (
+        value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    )
     for child in children:
         _check_json_value(child, budget, depth + 1)
 
@@ -173,7 +186,9 @@ def _parse_python(text: str, budget: _Budget) -> list[Call]:
         try:  # several calls on separate lines
             module = ast.parse(text, mode="exec")
         except SyntaxError as e:
-            raise CallError(f"not a valid call: {e.msg} (line {e.lineno}, column {e.offset})") from None
+            raise CallError(
+                f"not a valid call: {e.msg} (line {e.lineno}, column {e.offset})"
+            ) from None
         if not all(isinstance(s, ast.Expr) for s in module.body):
             raise CallError("only function calls are accepted, not statements") from None
         nodes = [s.value for s in module.body]
@@ -199,7 +214,7 @@ def parse_calls(text: str) -> Parsed:
     fenced = _FENCE.match(stripped)
     body = fenced.group(1).strip() if fenced else stripped
     if not blocks:
-        if not _LOOKS_LIKE_CALL.match(body):
+        if not (_CALL_START.match(body) or "__" in body):
             return Parsed([], [])
         blocks = [body]
     budget, calls, errors = _Budget(), [], []

@@ -108,8 +108,10 @@ def load_tasks() -> dict[str, Task]:
         for entry in questions:
             ground_truth = answers[entry["id"]]
             if len(ground_truth) != len(entry["question"]):
-                raise ValueError(f"{entry['id']}: {len(entry['question'])} turns but "
-                                 f"{len(ground_truth)} ground-truth turns in bfcl-eval's data")
+                raise ValueError(
+                    f"{entry['id']}: {len(entry['question'])} turns but "
+                    f"{len(ground_truth)} ground-truth turns in bfcl-eval's data"
+                )
             tasks[entry["id"]] = Task(
                 id=entry["id"],
                 category=category,
@@ -118,7 +120,9 @@ def load_tasks() -> dict[str, Task]:
                 initial_config=entry["initial_config"],
                 involved_classes=tuple(entry["involved_classes"]),
                 ground_truth=tuple(ground_truth),
-                missed_functions={int(k): list(v) for k, v in entry.get("missed_function", {}).items()},
+                missed_functions={
+                    int(k): list(v) for k, v in entry.get("missed_function", {}).items()
+                },
                 excluded_functions=tuple(entry.get("excluded_function", ())),
                 path=tuple(entry.get("path", ())),
             )
@@ -154,8 +158,9 @@ def write_split(seed: int = SPLIT_SEED, path: Path = SPLIT_FILE) -> dict:
 def load_split(path: Path = SPLIT_FILE) -> dict[str, str]:
     """Task id -> "train" | "test", from the committed split file."""
     if not path.exists():
-        raise FileNotFoundError(f"split file {path} is missing: regenerate it with "
-                                "`rcgrpo env split --seed 0`")
+        raise FileNotFoundError(
+            f"split file {path} is missing: regenerate it with `rcgrpo env split --seed 0`"
+        )
     split = json.loads(path.read_text())
     return {**{i: "train" for i in split["train"]}, **{i: "test" for i in split["test"]}}
 

@@ -1,8 +1,8 @@
 """`rcgrpo env ...`: look at BFCL tasks and execute calls against a fresh episode.
 
-    rcgrpo env show multi_turn_miss_func_0
-    rcgrpo env run multi_turn_base_0 --calls calls.json   # calls.json: [["cd(folder='x')"], []]
-    rcgrpo env split --seed 0                              # rewrite (and check) the split file
+rcgrpo env show multi_turn_miss_func_0
+rcgrpo env run multi_turn_base_0 --calls calls.json   # calls.json: [["cd(folder='x')"], []]
+rcgrpo env split --seed 0                              # rewrite (and check) the split file
 """
 
 from __future__ import annotations
@@ -30,15 +30,22 @@ def show(task_id: str) -> None:
     from rcgrpo.bfcl.tasks import load_split
 
     task = _task(task_id)
-    typer.echo(json.dumps({
-        "id": task.id, "category": task.category, "split": load_split()[task.id],
-        "involved_classes": list(task.involved_classes),
-        "missed_functions": task.missed_functions,
-        "excluded_functions": list(task.excluded_functions),
-        "turns": [[m["content"] for m in turn] for turn in task.turns],
-        "ground_truth": [list(t) for t in task.ground_truth],
-        "functions": [d["name"] for d in task.function_docs],
-    }, indent=2))
+    typer.echo(
+        json.dumps(
+            {
+                "id": task.id,
+                "category": task.category,
+                "split": load_split()[task.id],
+                "involved_classes": list(task.involved_classes),
+                "missed_functions": task.missed_functions,
+                "excluded_functions": list(task.excluded_functions),
+                "turns": [[m["content"] for m in turn] for turn in task.turns],
+                "ground_truth": [list(t) for t in task.ground_truth],
+                "functions": [d["name"] for d in task.function_docs],
+            },
+            indent=2,
+        )
+    )
 
 
 def _read_calls_file(path: Path) -> list[list[str]]:
@@ -47,20 +54,28 @@ def _read_calls_file(path: Path) -> list[list[str]]:
     try:
         turns = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise typer.BadParameter(f"{path} is not valid JSON: {e.msg} (line {e.lineno})",
-                                 param_hint="--calls") from None
-    if not (isinstance(turns, list) and all(
-            isinstance(t, list) and all(isinstance(c, str) for c in t) for t in turns)):
-        raise typer.BadParameter(f"{path} must hold a list of turns, each a list of call strings",
-                                 param_hint="--calls")
+        raise typer.BadParameter(
+            f"{path} is not valid JSON: {e.msg} (line {e.lineno})", param_hint="--calls"
+        ) from None
+    if not (
+        isinstance(turns, list)
+        and all(isinstance(t, list) and all(isinstance(c, str) for c in t) for t in turns)
+    ):
+        raise typer.BadParameter(
+            f"{path} must hold a list of turns, each a list of call strings", param_hint="--calls"
+        )
     return turns
 
 
 @app.command()
-def run(task_id: str,
-        calls: Path = typer.Option(..., "--calls", help="JSON file: list of turns, each a list "
-                                                        "of call strings (one model step each)")
-        ) -> None:
+def run(
+    task_id: str,
+    calls: Path = typer.Option(
+        ...,
+        "--calls",
+        help="JSON file: list of turns, each a list of call strings (one model step each)",
+    ),
+) -> None:
     """Execute calls turn by turn in a fresh episode; print observations and both verdicts."""
     from rcgrpo.bfcl.checkers import score
     from rcgrpo.bfcl.environment import Episode
@@ -74,15 +89,28 @@ def run(task_id: str,
         steps, turn_executed = [], []
         for text in turn_calls:
             step = episode.step(text)
-            steps.append({"call": text, "parsed": [str(c) for c in step.calls],
-                          "observations": step.observations})
+            steps.append(
+                {
+                    "call": text,
+                    "parsed": [str(c) for c in step.calls],
+                    "observations": step.observations,
+                }
+            )
             turn_executed.append([str(c) for c in step.calls])
         out_turns.append({"user": [m["content"] for m in user], "steps": steps})
         executed.append(turn_executed)
     paper, bfcl = score(task, executed)
-    typer.echo(json.dumps({"task_id": task.id, "turns": out_turns,
-                           "paper_reward": paper.to_dict(), "bfcl_check": bfcl.to_dict()},
-                          indent=2))
+    typer.echo(
+        json.dumps(
+            {
+                "task_id": task.id,
+                "turns": out_turns,
+                "paper_reward": paper.to_dict(),
+                "bfcl_check": bfcl.to_dict(),
+            },
+            indent=2,
+        )
+    )
 
 
 @app.command()
@@ -94,5 +122,6 @@ def split(seed: int = typer.Option(0, help="seed of the test-number draw")) -> N
     write_split(seed)
     load_split.cache_clear()
     changed = before is not None and before != SPLIT_FILE.read_text()
-    typer.echo(json.dumps({"file": str(SPLIT_FILE), "changed": changed, **split_counts()},
-                          indent=1))
+    typer.echo(
+        json.dumps({"file": str(SPLIT_FILE), "changed": changed, **split_counts()}, indent=1)
+    )

@@ -60,8 +60,9 @@ class Trajectory:
         return json.dumps(asdict(self), ensure_ascii=False)
 
 
-_REQUIRED = {f.name for f in fields(Trajectory)
-             if f.default is MISSING and f.default_factory is MISSING}
+_REQUIRED = {
+    f.name for f in fields(Trajectory) if f.default is MISSING and f.default_factory is MISSING
+}
 
 
 def _expect(cond: bool, where: str, fieldname: str, what: str) -> None:
@@ -78,31 +79,63 @@ def from_dict(row: dict, where: str = "row") -> Trajectory:
     _expect(not unknown, where, ",".join(unknown), "is not a Trajectory field")
     for name in ("task_id", "category"):
         _expect(isinstance(row[name], str) and row[name], where, name, "must be a non-empty string")
-    _expect(row["split"] in SPLITS, where, "split", f"must be one of {SPLITS}, got {row['split']!r}")
-    _expect(row["protocol"] in PROTOCOLS, where, "protocol",
-            f"must be one of {PROTOCOLS}, got {row['protocol']!r}")
-    _expect(row.get("reward_token") in (None, *REWARD_TOKENS), where, "reward_token",
-            f"must be null or one of {REWARD_TOKENS}, got {row.get('reward_token')!r}")
+    _expect(
+        row["split"] in SPLITS, where, "split", f"must be one of {SPLITS}, got {row['split']!r}"
+    )
+    _expect(
+        row["protocol"] in PROTOCOLS,
+        where,
+        "protocol",
+        f"must be one of {PROTOCOLS}, got {row['protocol']!r}",
+    )
+    _expect(
+        row.get("reward_token") in (None, *REWARD_TOKENS),
+        where,
+        "reward_token",
+        f"must be null or one of {REWARD_TOKENS}, got {row.get('reward_token')!r}",
+    )
     for name in ("paper_reward", "bfcl_reward"):
-        _expect(row[name] in (0, 1) and not isinstance(row[name], float), where, name,
-                f"must be 0 or 1, got {row[name]!r}")
-    _expect(isinstance(row["messages"], list)
-            and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in row["messages"]),
-            where, "messages", "must be a list of objects with a 'role'")
+        _expect(
+            row[name] in (0, 1) and not isinstance(row[name], float),
+            where,
+            name,
+            f"must be 0 or 1, got {row[name]!r}",
+        )
+    _expect(
+        isinstance(row["messages"], list)
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in row["messages"]),
+        where,
+        "messages",
+        "must be a list of objects with a 'role'",
+    )
     calls = row["calls"]
-    _expect(isinstance(calls, list) and all(
-        isinstance(turn, list) and all(
-            isinstance(step, list) and all(isinstance(c, str) for c in step) for step in turn)
-        for turn in calls), where, "calls", "must be turns -> steps -> call strings")
+    _expect(
+        isinstance(calls, list)
+        and all(
+            isinstance(turn, list)
+            and all(
+                isinstance(step, list) and all(isinstance(c, str) for c in step) for step in turn
+            )
+            for turn in calls
+        ),
+        where,
+        "calls",
+        "must be turns -> steps -> call strings",
+    )
     prov = row["provenance"]
-    _expect(isinstance(prov, dict) and isinstance(prov.get("generator"), str), where,
-            "provenance", "must be an object with a 'generator' string")
+    _expect(
+        isinstance(prov, dict) and isinstance(prov.get("generator"), str),
+        where,
+        "provenance",
+        "must be an object with a 'generator' string",
+    )
     try:
         provenance = Provenance(**prov)
     except TypeError as e:
         raise RecordError(f"{where}: field 'provenance' {e}") from None
-    _expect(isinstance(row.get("reward_reason", {}), dict), where, "reward_reason",
-            "must be an object")
+    _expect(
+        isinstance(row.get("reward_reason", {}), dict), where, "reward_reason", "must be an object"
+    )
     return Trajectory(**{**row, "provenance": provenance})
 
 
@@ -120,7 +153,9 @@ def read_jsonl(path: str | Path) -> list[Trajectory]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise RecordError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+                raise RecordError(
+                    f"{where}: not valid JSON ({e.msg} at column {e.colno})"
+                ) from None
             records.append(from_dict(row, where))
     return records
 

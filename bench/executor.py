@@ -1,0 +1,57 @@
+"""Benchmark: execute + check trajectories through our path vs bfcl-eval's, in one run.
+
+Both paths get the same trajectories (the ground truth of every multi-turn entry plus perturbed
+copies, `rcgrpo.bfcl.conformance.cases`) and produce the official per-turn verdict:
+  * ours:   `rcgrpo.bfcl.checkers.bfcl_check` (ast parser + whitelisted dispatch, ground-truth run
+            memoised per task as immutable snapshots); the paper reward comes out of the same
+            replay at no extra cost;
+  * theirs: bfcl-eval's `execute_multi_turn_func_call` + `multi_turn_checker` (regex rewrite +
+            eval, instances in module globals, the ground truth re-executed on every check).
+"cold" clears our ground-truth memo first, so each task's first check pays for its ground-truth
+run; "warm" is the RL case (G rollouts of the same task scored one after another).
+Prints trajectories/s for each and, last, the ratio ours/theirs (warm, the RL regime; target 3x).
+
+    .venv/bin/python bench/executor.py --perturbations 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rcgrpo.runtime import apply_defaults
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--perturbations", type=int, default=2, help="perturbed copies per task")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    apply_defaults()
+    from rcgrpo.bfcl.checkers import bfcl_check, ground_truth_run
+    from rcgrpo.bfcl.conformance import cases, official_verdict
+    from rcgrpo.bfcl.tasks import load_tasks
+
+    work = cases(list(load_tasks().values()), args.perturbations, args.seed)
+    n = len(work)
+
+    def timed(fn) -> float:
+        start = time.perf_counter()
+        for i, (task, _, trajectory) in enumerate(work):
+            fn(i, task, trajectory)
+        return time.perf_counter() - start
+
+    theirs = timed(lambda i, task, traj: official_verdict(task, traj, f"bench_{i}"))
+    ground_truth_run.cache_clear()
+    ours_cold = timed(lambda i, task, traj: bfcl_check(task, traj))
+    ours_warm = timed(lambda i, task, traj: bfcl_check(task, traj))
+    print(f"trajectories: {n}")
+    print(f"bfcl-eval path   : {n / theirs:9.1f} trajectories/s")
+    print(f"ours (cold memo) : {n / ours_cold:9.1f} trajectories/s")
+    print(f"ours (warm memo) : {n / ours_warm:9.1f} trajectories/s")
+    print(f"ratio ours/theirs (cold): {theirs / ours_cold:.2f}x")
+    print(f"ratio ours/theirs (warm): {theirs / ours_warm:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

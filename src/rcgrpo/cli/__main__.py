@@ -1,0 +1,5 @@
+"""`python -m rcgrpo.cli` = the `rcgrpo` command."""
+
+from rcgrpo.cli import main
+
+main()

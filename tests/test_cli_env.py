@@ -1,0 +1,62 @@
+"""`rcgrpo env run/show` from outside, as a user debugging a task would call them."""
+
+import json
+import os
+import subprocess
+import sys
+
+RCGRPO = [sys.executable, "-m", "rcgrpo.cli"]
+
+
+def run(*args):
+    env = {**os.environ, "COLUMNS": "400"}  # rich wraps error panels to the terminal width
+    return subprocess.run([*RCGRPO, *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_env_run_prints_observations_and_both_verdicts(tmp_path):
+    calls = tmp_path / "calls.json"
+    calls.write_text(
+        json.dumps(
+            [
+                ["ls(a=True)"],
+                ["cd(folder='workspace')", "mv(source='log.txt',destination='archive')"],
+                ["cd(folder='archive')", "grep(file_name='log.txt',pattern='Error')"],
+                ['{"name": "tail", "arguments": {"file_name": "log.txt", "lines": 20}}'],
+            ]
+        )
+    )
+    result = run("env", "run", "multi_turn_base_1", "--calls", str(calls))
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["paper_reward"]["passed"] and out["bfcl_check"]["passed"]
+    assert len(out["turns"]) == 4
+    assert "current_directory_content" in out["turns"][0]["steps"][0]["observations"][0]
+
+
+def test_env_run_hostile_call_is_an_observation_not_a_crash(tmp_path):
+    calls = tmp_path / "calls.json"
+    canary = tmp_path / "pwned"
+    calls.write_text(json.dumps([[f"__import__('os').system('touch {canary}')"], [], [], []]))
+    result = run("env", "run", "multi_turn_base_1", "--calls", str(calls))
+    assert result.returncode == 0 and not canary.exists()
+    out = json.loads(result.stdout)
+    assert out["turns"][0]["steps"][0]["observations"][0].startswith("Error")
+    assert not out["bfcl_check"]["passed"]
+
+
+def test_env_errors_say_what_and_where(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('[["ls()"]')
+    result = run("env", "run", "multi_turn_base_1", "--calls", str(bad))
+    assert result.returncode != 0 and "not valid JSON" in result.stderr
+    result = run("env", "run", "multi_turn_base_1", "--calls", str(tmp_path / "none.json"))
+    assert result.returncode != 0 and "does not exist" in result.stderr
+    result = run("env", "show", "multi_turn_base_1000")
+    assert result.returncode != 0 and "unknown task id" in result.stderr
+
+
+def test_env_show_prints_the_task():
+    result = run("env", "show", "multi_turn_miss_func_0")
+    assert result.returncode == 0
+    task = json.loads(result.stdout)
+    assert task["missed_functions"] == {"3": ["sort"]} and task["split"] in ("train", "test")
