@@ -1,5 +1,6 @@
 """Episodes: fresh bfcl-eval instances, state across turns, miss_func reveal, step limit, threads."""
 
+import json
 import pickle
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -81,3 +82,19 @@ def test_thousands_of_episodes_from_several_threads_stay_independent():
         listings = list(pool.map(_walk, range(2000)))
     for i, listing in enumerate(listings):
         assert re.findall(r'"d\d+"', listing) == [f'"d{i}"']
+
+
+def test_mutable_tool_defaults_do_not_leak_between_episodes():
+    # bfcl-eval's post_tweet(tags=[], mentions=[]) keeps the default list; mention() extends it.
+    task = get_task("multi_turn_base_0")
+    login = "authenticate_twitter(username='analyst_pro', password='Kj8#mP9$vL2')"
+    first = Episode(task)
+    first.begin_turn()
+    first.step(login)
+    posted = first.step("post_tweet(content='first')").observations[0]
+    tweet_id = json.loads(posted)["id"]
+    first.step(f"mention(tweet_id={tweet_id}, mentioned_usernames=['@alice'])")
+    second = Episode(task)
+    second.begin_turn()
+    second.step(login)
+    assert json.loads(second.step("post_tweet(content='second')").observations[0])["mentions"] == []

@@ -21,6 +21,9 @@ Try it: `rcgrpo env run multi_turn_base_0 --calls calls.json`.
 from __future__ import annotations
 
 import ast
+import copy
+import functools
+import inspect
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -242,6 +245,33 @@ def format_result(value) -> str:
     return str(value)
 
 
+@functools.cache
+def _mutable_defaults(function: Callable) -> tuple[tuple[str, object], ...]:
+    """(name, pristine copy) of each list/dict/set default of a tool function.
+
+    bfcl-eval's `TwitterAPI.post_tweet(tags=[], mentions=[])` stores the default list and
+    `mention()` extends it, so without care one episode's mentions leak into every later
+    episode of the process. Snapshotted the first time the function is seen (memo per function).
+    """
+    return tuple(
+        (name, copy.deepcopy(p.default))
+        for name, p in inspect.signature(function).parameters.items()
+        if isinstance(p.default, list | dict | set)
+    )
+
+
+def _with_fresh_defaults(method: Callable, call: Call) -> dict:
+    """The call's kwargs plus a fresh copy of every mutable default the call leaves out."""
+    defaults = _mutable_defaults(getattr(method, "__func__", method))
+    if not defaults:
+        return call.kwargs
+    try:
+        given = inspect.signature(method).bind_partial(*call.args, **call.kwargs).arguments
+    except TypeError:  # the call itself will raise the same TypeError, as an observation
+        return call.kwargs
+    return {**call.kwargs, **{n: copy.deepcopy(d) for n, d in defaults if n not in given}}
+
+
 def dispatch(call: Call, functions: Mapping[str, Callable]) -> tuple[bool, str]:
     """Run one call against the available functions; returns (ran_without_error, observation).
 
@@ -253,6 +283,6 @@ def dispatch(call: Call, functions: Mapping[str, Callable]) -> tuple[bool, str]:
     if method is None:
         return False, f"Error during execution: function {call.name!r} is not available"
     try:
-        return True, format_result(method(*call.args, **call.kwargs))
+        return True, format_result(method(*call.args, **_with_fresh_defaults(method, call)))
     except Exception as e:  # a tool's own failure is an observation for the model
         return False, f"Error during execution: {e}"
