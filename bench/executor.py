@@ -3,8 +3,8 @@
 Both paths get the same trajectories (the ground truth of every multi-turn entry plus perturbed
 copies, `rcgrpo.bfcl.conformance.cases`) and produce the official per-turn verdict:
   * ours:   `rcgrpo.bfcl.checkers.bfcl_check` (ast parser + whitelisted dispatch, ground-truth run
-            memoised per task as immutable snapshots); the paper reward comes out of the same
-            replay at no extra cost;
+            memoised per task as immutable snapshots, replay stopped at the first failing
+            turn as bfcl-eval's checker does);
   * theirs: bfcl-eval's `execute_multi_turn_func_call` + `multi_turn_checker` (regex rewrite +
             eval, instances in module globals, the ground truth re-executed on every check).
 "cold" clears our ground-truth memo first, so each task's first check pays for its ground-truth

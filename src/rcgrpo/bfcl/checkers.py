@@ -167,6 +167,16 @@ def score(
     task: Task, calls: list[list[list[str]]], protocol: str = "bfcl"
 ) -> tuple[Verdict, Verdict]:
     """Replay `calls` once and return (paper reward verdict, bfcl check verdict)."""
+    paper, bfcl = _replay(task, calls, protocol, paper_too=True)
+    assert paper is not None
+    return paper, bfcl
+
+
+def _replay(
+    task: Task, calls: list[list[list[str]]], protocol: str, paper_too: bool
+) -> tuple[Verdict | None, Verdict]:
+    """The one replay behind both checkers. Without `paper_too` it stops at the first failing
+    turn, as bfcl-eval's checker does (the paper reward needs the whole trajectory)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     gt = ground_truth_run(task)
@@ -187,6 +197,8 @@ def score(
     all_results: list[str] = []
     executed: list[tuple[str, dict]] = []
     for turn, steps in enumerate(calls):
+        if bfcl is not None and not paper_too:
+            break
         episode.begin_turn(min(turn, episode.n_turns - 1))
         steps = [s for s in steps if s]  # bfcl-eval drops steps that decode to no call
         for step_calls in steps:
@@ -200,7 +212,7 @@ def score(
             step = episode.step(parsed)
             all_results += step.observations
             for call, text, ran in zip(step.calls, texts, step.ok, strict=True):
-                if ran and call.name != "done":
+                if ran and paper_too and call.name != "done":
                     executed.append((call.name, _bound(_function(episode, call.name), text, True)))
         if bfcl is not None or turn >= len(gt_results) or not gt_nonempty[turn]:
             continue
@@ -211,6 +223,9 @@ def score(
         elif missing := _multiset_missing(gt_results[turn], all_results):
             bfcl = Verdict(False, turn, f"results so far miss ground-truth results {missing}")
 
+    bfcl = bfcl or Verdict(True, None, "every checked turn passed")
+    if not paper_too:
+        return None, bfcl
     final_diff = _state_difference(episode, gt.states[-1])
     n_matched = _matched(gt.calls, executed)
     if final_diff:
@@ -224,7 +239,7 @@ def score(
         )
     else:
         paper = Verdict(True, None, "R_state = R_action = 1")
-    return paper, bfcl or Verdict(True, None, "every checked turn passed")
+    return paper, bfcl
 
 
 def paper_reward(task: Task, calls: list[list[list[str]]], protocol: str = "bfcl") -> Verdict:
@@ -232,7 +247,7 @@ def paper_reward(task: Task, calls: list[list[list[str]]], protocol: str = "bfcl
 
 
 def bfcl_check(task: Task, calls: list[list[list[str]]], protocol: str = "bfcl") -> Verdict:
-    return score(task, calls, protocol)[1]
+    return _replay(task, calls, protocol, paper_too=False)[1]
 
 
 def ground_truth_calls(task: Task) -> list[list[list[str]]]:
