@@ -17,3 +17,12 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=180):
         yield
+
+
+@pytest.fixture
+def mlflow_store(tmp_path, monkeypatch):
+    """A fresh SQLite MLflow store in a temp folder (MLFLOW_TRACKING_URI, read by rcgrpo.tracking)."""
+    store = tmp_path / "mlflow"
+    store.mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
+    return store

@@ -1,0 +1,232 @@
+"""Prefect flow: build the quality-labelled trajectory dataset and version it with DVC.
+
+experts -> failures (perturbations; rollouts of the base policy when enabled) -> label ->
+write (into a staging folder) -> validate (Great Expectations) -> version (swap into data/,
+dvc add, git commit data.dvc) -> push. A failing suite raises before versioning, so data/ and
+data.dvc keep the previous version, checked out. Retries only on the I/O tasks (write, push).
+Runs against PREFECT_API_URL when set, else an ephemeral local server.
+
+    rcgrpo data build                                   # params.yaml `dataset:`
+    rcgrpo data build --set train_tasks=8 --set test_tasks=4 --set rollouts=off
+    .venv/bin/python -m flows.build_dataset            # same as `rcgrpo data build`
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NONE
+
+from rcgrpo.trajectories.dataset import DatasetConfig, load_config, select_tasks
+
+
+def _progress(label: str, every: int = 10):
+    """A callback logging `label: i/n` at about every 10 % (Prefect UI and console)."""
+    logger = get_run_logger()
+
+    def report(i: int, n: int) -> None:
+        if i == n or i % max(1, n // every) == 0:
+            logger.info("%s: %d/%d", label, i, n)
+
+    return report
+
+
+# Pure compute tasks: a retry would compute the same thing again, so none. cache_policy=NONE:
+# the inputs (lists of records) are too big to hash for Prefect's cache key.
+@task(cache_policy=NONE)
+def generate_experts(cfg: DatasetConfig, split: str):
+    from rcgrpo.trajectories.experts import generate_experts as run
+
+    tasks = select_tasks(cfg, split)
+    report = run(tasks, split, cfg.protocol, progress=_progress(f"experts {split}"))
+    if report.failed:
+        get_run_logger().warning(
+            "%d %s ground truths do not score 1 (kept out of the high set): %s",
+            len(report.failed), split, [f["task_id"] for f in report.failed],
+        )  # fmt: skip
+    return tasks, report
+
+
+@task(cache_policy=NONE)
+def generate_perturbations(cfg: DatasetConfig, split: str, tasks):
+    from rcgrpo.trajectories.failures import generate_perturbations as run
+
+    return run(
+        tasks, split, cfg.protocol, cfg.seed, cfg.kinds, cfg.attempts,
+        progress=_progress(f"perturbations {split}"),
+    )  # fmt: skip
+
+
+@task(cache_policy=NONE)
+def generate_rollouts(cfg: DatasetConfig, tasks_by_split: dict) -> dict:
+    """Failure source (a): base-policy rollouts of every split's tasks (one model load).
+    rollouts=auto skips, with a warning, when the engine or model cannot be loaded."""
+    from rcgrpo.trajectories.failures import rollout_failures
+
+    logger = get_run_logger()
+    if cfg.rollouts == "off":
+        return {}
+    # Only as many tasks as the low half can take from rollouts (a seeded subset): a CPU
+    # rollout costs seconds, and the rest of the low half comes from perturbations anyway.
+    tasks = []
+    for split, split_tasks in tasks_by_split.items():
+        k = min(
+            len(split_tasks), math.ceil(len(split_tasks) * cfg.low_per_high * cfg.rollout_share)
+        )
+        tasks += random.Random(f"{cfg.seed}:rollouts:{split}").sample(list(split_tasks), k)
+    try:
+        records = rollout_failures(
+            tasks, cfg.protocol, cfg.seed, cfg.rollout_profile, cfg.rollout_max_tokens
+        )
+    except Exception as e:
+        if cfg.rollouts == "on":
+            raise
+        logger.warning("rollouts=auto: engine unavailable (%s); perturbations only", e)
+        return {}
+    logger.info(
+        "rollouts: %d of %d tasks failed (reward 0) and are usable", len(records), len(tasks)
+    )
+    return {split: [r for r in records if r.split == split] for split in tasks_by_split}
+
+
+@task(cache_policy=NONE)
+def label(cfg: DatasetConfig, experts, rollouts, perturbed):
+    from rcgrpo.trajectories.labels import low_half, mixed_set, sft_set
+
+    n_low = round(len(experts) * cfg.low_per_high)
+    lows = low_half(rollouts, perturbed, n_low, cfg.rollout_share, cfg.seed)
+    if len(lows) < n_low:
+        get_run_logger().warning("only %d failures for %d wanted: unbalanced", len(lows), n_low)
+    return mixed_set(experts, lows, cfg.seed), sft_set(experts)
+
+
+@task(cache_policy=NONE, retries=2, retry_delay_seconds=2)
+def write(cfg: DatasetConfig, rctp, sft, expert_failures) -> Path:
+    from rcgrpo.trajectories.dataset import write_dataset
+    from rcgrpo.versioning import staging_dir
+
+    folder = staging_dir(cfg.project)
+    try:
+        manifest = write_dataset(folder, rctp, sft, cfg, expert_failures)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)  # a retry starts from a fresh folder
+        raise
+    get_run_logger().info("wrote %s: %s", folder, manifest["files"])
+    return folder
+
+
+@task(cache_policy=NONE, retries=2, retry_delay_seconds=2)
+def stage_copy(cfg: DatasetConfig, folder: Path) -> Path:
+    from rcgrpo.versioning import staging_dir
+
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a dataset folder (rctp/, sft/, manifest.json)")
+    staged = staging_dir(cfg.project)
+    shutil.copytree(folder, staged, dirs_exist_ok=True)
+    return staged
+
+
+@task(cache_policy=NONE)
+def validate(cfg: DatasetConfig, folder: Path):
+    from rcgrpo.validation.runner import ValidationFailed, validate_dir
+
+    report = validate_dir(
+        folder, cfg.high_share, cfg.balance_tolerance, docs_dir=cfg.project / cfg.docs_dir
+    )
+    if not report.success:
+        shutil.rmtree(folder, ignore_errors=True)  # never versioned; data/ is untouched
+        raise ValidationFailed(report)
+    get_run_logger().info("%s; Data Docs in %s", report.message(), report.docs_dir)
+    return report
+
+
+@task(cache_policy=NONE)
+def version(cfg: DatasetConfig, folder: Path) -> dict:
+    """Swap the validated folder into data/, dvc add, git commit data.dvc (not retried: the
+    swap is not idempotent; publish restores the previous data/ itself on failure)."""
+    from rcgrpo.versioning import publish
+
+    result = publish(
+        folder, cfg.project, cfg.data_dir, message="data: build dataset", commit=cfg.commit,
+        push=False, lock_timeout=cfg.lock_timeout_s,
+    )  # fmt: skip
+    get_run_logger().info("versioned %s: rev %s md5 %s", cfg.data_dir, result["rev"], result["md5"])
+    return result
+
+
+@task(cache_policy=NONE)
+def prepare(cfg: DatasetConfig) -> None:
+    """Fail fast when the project is no git work tree; dvc init + offline config if needed."""
+    from rcgrpo.versioning import init_project
+
+    init_project(cfg.project, cfg.remote)
+
+
+@task(cache_policy=NONE, retries=2, retry_delay_seconds=2)
+def push(cfg: DatasetConfig) -> None:
+    from rcgrpo.versioning import push as dvc_push
+
+    dvc_push(cfg.project, cfg.data_dir)
+
+
+def _config(cfg: DatasetConfig | None, overrides: dict | None) -> DatasetConfig:
+    if cfg is None:
+        return load_config(overrides)
+    return replace(cfg, **(overrides or {}))
+
+
+@flow(name="validate-and-version", log_prints=True)
+def publish_dataset_flow(
+    folder: str, cfg: DatasetConfig | None = None, overrides: dict | None = None
+) -> dict:
+    """Validate an already built dataset folder and version it (the last two stages alone).
+    The folder is copied first: it is never moved or deleted, whatever the outcome."""
+    cfg = _config(cfg, overrides)
+    prepare(cfg)
+    staged = stage_copy(cfg, Path(folder))
+    validate(cfg, staged)
+    result = version(cfg, staged)
+    if cfg.push:
+        push(cfg)
+    return result
+
+
+@flow(name="build-dataset", log_prints=True)
+def build_dataset_flow(cfg: DatasetConfig | None = None, overrides: dict | None = None) -> dict:
+    """Build, validate and version the dataset; returns rev, md5 and the files' counts.
+
+    cfg: the `dataset:` config (default: params.yaml); overrides: fields replaced on top.
+    """
+    cfg = _config(cfg, overrides)
+    prepare(cfg)
+    rctp, sft, expert_failures, made = {}, {}, [], {}
+    for split in ("train", "test"):
+        made[split] = generate_experts(cfg, split)
+    rollouts = generate_rollouts(cfg, {split: tasks for split, (tasks, _) in made.items()})
+    for split, (tasks, report) in made.items():
+        perturbed = generate_perturbations(cfg, split, tasks)
+        rctp[split], sft[split] = label(cfg, report.experts, rollouts.get(split, []), perturbed)
+        expert_failures += report.failed
+    folder = write(cfg, rctp, sft, expert_failures)
+    validate(cfg, folder)
+    result = version(cfg, folder)
+    if cfg.push:
+        push(cfg)
+    counts = {
+        f"{name}/{split}": {"high": sum(r.paper_reward for r in rows), "rows": len(rows)}
+        for name, sets in (("rctp", rctp), ("sft", sft))
+        for split, rows in sets.items()
+    }
+    return {**result, "counts": counts, "expert_failures": expert_failures}
+
+
+if __name__ == "__main__":
+    from rcgrpo.runtime import apply_defaults
+
+    apply_defaults()
+    print(build_dataset_flow())

@@ -1,0 +1,119 @@
+"""Prefect flow: held-out BFCL evaluation of a saved model (`rcgrpo.evaluation`) as one MLflow
+run nested under the pipeline's run.
+
+Writes, beside the evaluation's own report.json / outcomes.jsonl / bfcl_results/, a markdown
+table `table.md` (pooled, category mean and per category with Wilson 95% intervals, both
+checkers, every reward token) and logs all of it to MLflow with the flat `eval/...` metrics.
+
+    .venv/bin/python flows/evaluate.py outputs/rl/final '{"limit": 2}'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from rcgrpo import tracking
+from rcgrpo.config import load_section
+from rcgrpo.runtime import apply_defaults, project_root
+
+apply_defaults()
+
+CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
+
+
+def eval_config(overrides: dict | None = None, root: Path | None = None):
+    from rcgrpo.evaluation import EvalConfig
+
+    cfg = load_section("eval", EvalConfig, overrides=dict(overrides or {}))
+    out = Path(cfg.out_dir)
+    out = out if out.is_absolute() else Path(root or project_root()) / out
+    return dataclasses.replace(cfg, out_dir=str(out))
+
+
+def _fmt(a: dict | None) -> str:
+    if not a:
+        return "-"
+    return f"{100 * a['value']:.1f} [{100 * a['low']:.1f}, {100 * a['high']:.1f}]"
+
+
+def table_markdown(report: dict) -> str:
+    """The evaluation table: one row per (checker, token, seed), % with Wilson 95% intervals."""
+    head = "| checker | token | seed | n | pooled | category mean | " + " | ".join(CATEGORIES)
+    lines = [head + " |", "|" + "---|" * (6 + len(CATEGORIES))]
+    for token, by_seed in report["runs"].items():
+        for seed, s in by_seed.items():
+            for checker, summary in s.items():
+                cats = summary["per_category"]
+                n = summary["pooled"].get("n", report.get("n_tasks", ""))
+                cells = [
+                    checker,
+                    token,
+                    str(seed),
+                    str(n),
+                    _fmt(summary["pooled"]),
+                    _fmt(summary["category_mean"]),
+                    *(_fmt(cats.get(c)) for c in CATEGORIES),
+                ]
+                lines.append("| " + " | ".join(cells) + " |")  # fmt: skip
+    for checker, gap in report.get("gap", {}).items():
+        lines.append(f"\ncontrollability gap ({checker}): {100 * gap['mean']:+.1f} points")
+    lines.append(f"\nprotocol: {report['protocol']}, tasks: {report['n_tasks']}")
+    return "\n".join(lines) + "\n"
+
+
+@task(cache_policy=NO_CACHE)
+def score(cfg, model_cfg, rollout_cfg, model_path: str, run_id: str) -> dict:
+    from rcgrpo.evaluation import run_eval
+
+    log = tracking.metrics_logger(run_id)
+    return run_eval(cfg, model_cfg, model_path, rollout_cfg, log_metrics=log)
+
+
+@task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def log_outputs(run_id: str, out_dir: str) -> None:
+    tracking.log_artifact(run_id, out_dir, "eval")
+
+
+@flow(name="rcgrpo-evaluate", log_prints=True)
+def evaluate_flow(
+    model_path: str,
+    parent_run_id: str | None = None,
+    overrides: dict | None = None,
+    model_overrides: dict | None = None,
+    rollout_overrides: dict | None = None,
+    name: str = "eval",
+) -> dict:
+    """Evaluate `model_path`; {"run_id", "report" (path), "table" (path), "metrics"}."""
+    from flows.train import model_config, rollout_config
+    from rcgrpo.evaluation import flat_metrics
+
+    cfg = eval_config(overrides)
+    model_cfg = model_config(model_overrides)
+    rollout_cfg = rollout_config({"protocol": cfg.protocol, **(rollout_overrides or {})})
+    config = {"eval": dataclasses.asdict(cfg), "model": dataclasses.asdict(model_cfg),
+              "rollout": dataclasses.asdict(rollout_cfg), "model_path": model_path}  # fmt: skip
+    with tracking.start_run(name, config=config, parent_run_id=parent_run_id,
+                            tags={"stage": "eval"}) as run:  # fmt: skip
+        run_id = run.info.run_id
+        report = score(cfg, model_cfg, rollout_cfg, model_path, run_id)
+        out = Path(cfg.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        report_path = out / "report.json"
+        if not report_path.exists():  # run_eval writes it; keep a copy if it did not
+            report_path.write_text(json.dumps(report, indent=1))
+        table = out / "table.md"
+        table.write_text(table_markdown(report))
+        metrics = flat_metrics(report)  # run_eval also wrote them to metrics.json (dvc.yaml)
+        log_outputs(run_id, str(out))
+    print(table.read_text())
+    return {"run_id": run_id, "report": str(report_path), "table": str(table), "metrics": metrics}
+
+
+if __name__ == "__main__":
+    evaluate_flow(sys.argv[1], overrides=json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)

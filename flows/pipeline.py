@@ -1,0 +1,143 @@
+"""The whole rcgrpo pipeline as one Prefect flow and one MLflow run with a nested run per stage:
+
+    build_dataset (issue 4's flow: experts + failures, GX validation, DVC version)
+      -> fine-tune (RCTP-FT, or plain SFT with init="sft")
+      -> RL (RC-GRPO / GRPO from the fine-tuned model)
+      -> evaluate (held-out BFCL, both checkers, Wilson intervals)
+      -> register the RL model in the MLflow Model Registry (data version, config, eval metrics)
+      -> reports/<pipeline run id>/ (PNG plots + summary.md), also logged to MLflow
+
+Stages pass paths and run ids, never tensors. `overrides` holds one dict per params.yaml
+section ({"rl": {"steps": 2}, "eval": {"limit": 1}, "model": {"profile": "tiny"}, ...}).
+
+    rcgrpo run --set rl.steps=2 --set eval.limit=1          # the CLI front (rcgrpo.cli.pipeline)
+    .venv/bin/python flows/pipeline.py '{"rl": {"steps": 2}}'
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from rcgrpo import tracking
+from rcgrpo.runtime import apply_defaults, project_root
+
+apply_defaults()
+
+STAGES = ("data", "finetune", "rl", "eval")
+
+
+@task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def register(rl_run_id: str, name: str, config: dict, metrics: dict) -> str:
+    mv = tracking.register_model(rl_run_id, "model", name, config, metrics,
+                                 description="RL model of an rcgrpo pipeline run")  # fmt: skip
+    return f"{name}/{mv.version}"
+
+
+@task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def write_and_log_report(run_id: str, out_dir: str, info: dict, rl_run: str | None,
+                         ft_run: str | None, eval_report: str | None, table: str | None) -> str:  # fmt: skip
+    from rcgrpo.report import write_report
+
+    rl = tracking.metric_histories(rl_run) if rl_run else {}
+    sft = tracking.metric_histories(ft_run) if ft_run else {}
+    report = json.loads(Path(eval_report).read_text()) if eval_report else {}
+    text = Path(table).read_text() if table else ""
+    summary = write_report(Path(out_dir), info, rl, sft, report, text)
+    tracking.log_artifact(run_id, out_dir, "report")
+    return str(summary)
+
+
+@flow(name="rcgrpo-pipeline", log_prints=True)
+def pipeline_flow(
+    overrides: dict[str, dict] | None = None,
+    stages: list[str] | None = None,
+    init: str | None = None,
+    register_name: str = "rcgrpo",
+    report_root: str = "reports",
+) -> dict:
+    """Run `stages` (default: params.yaml pipeline.stages, else all of STAGES) in order, from the
+    `init` fine-tuning stage (rctp | sft); returns paths, run ids, the model version."""
+    from flows.build_dataset import build_dataset_flow
+    from flows.evaluate import evaluate_flow
+    from flows.train import train_flow
+    from rcgrpo.config import read_params
+
+    params = read_params()
+    # params.yaml `pipeline:` holds what the main command runs by default (the CPU-sized
+    # overrides, the stages); `overrides` given here win over it, section by section.
+    pp = params.get("pipeline") or {}
+    base, given = pp.get("overrides") or {}, overrides or {}
+    ov = {k: {**(base.get(k) or {}), **(given.get(k) or {})} for k in {*base, *given}}
+    stages = list(pp.get("stages", STAGES) if stages is None else stages)
+    init = init or (ov.get("rl") or {}).get("init") or pp.get("init", "rctp")
+    unknown = sorted(set(stages) - set(STAGES))
+    if unknown or init not in ("rctp", "sft"):
+        raise ValueError(f"stages {unknown} / init {init!r}: expected {STAGES} and rctp|sft")
+    config = {k: {**(params.get(k) or {}), **ov.get(k, {})} if isinstance(params.get(k), dict)
+              else params.get(k) for k in params if k != "pipeline"}  # fmt: skip
+    config["pipeline"] = {"stages": stages, "init": init, "overrides": ov}
+    out: dict = {"stages": stages}
+    with tracking.start_run("pipeline", config=config, tags={"stage": "pipeline"}) as run:
+        pid = run.info.run_id
+        out["run_id"] = pid
+        if "data" in stages:
+            built = build_dataset_flow(overrides=ov.get("dataset", {}))  # a subflow
+            out["data"] = {k: built.get(k) for k in ("rev", "md5", "counts") if k in built}
+            tracking.log_metrics(pid, _counts(built.get("counts") or {}), 0)
+        # the data version as it is now (after the build), on the pipeline run itself
+        dv = tracking.data_version()
+        tracking.set_tags(pid, {f"data.{k}": v for k, v in dv.items()}
+                          | {"data.version": f"{dv['rev'][:12]}:{dv['md5']}"})  # fmt: skip
+        out["data_version"] = f"{dv['rev'][:12]}:{dv['md5']}"
+        model_ov, rollout_ov = ov.get("model"), ov.get("rollout")
+        ft = rl = ev = None
+        if "finetune" in stages:
+            ft = train_flow(init, pid, ov.get(init), model_ov)
+            out["finetune"] = {"run_id": ft["run_id"], "model_path": ft["model_path"]}
+        if "rl" in stages:
+            rl_ov = {**ov.get("rl", {}), "init": init}
+            if ft:
+                rl_ov["init_path"] = ft["model_path"]
+            rl = train_flow("rl", pid, rl_ov, model_ov, rollout_ov)
+            out["rl"] = {"run_id": rl["run_id"], "model_path": rl["model_path"]}
+        last = rl or ft
+        if "eval" in stages and last:
+            ev = evaluate_flow(last["model_path"], pid, ov.get("eval"), model_ov, rollout_ov)
+            out["eval"] = {k: ev[k] for k in ("run_id", "report", "table")}
+            tracking.log_metrics(pid, ev["metrics"], 0)
+        if last:
+            metrics = ev["metrics"] if ev else {}
+            out["model_version"] = register(last["run_id"], register_name, last["config"], metrics)
+            tracking.set_tags(pid, {"model_version": out["model_version"]})
+        report_dir = Path(report_root)
+        report_dir = report_dir if report_dir.is_absolute() else project_root() / report_dir
+        info = {"run_id": pid, "profile": (config.get("model") or {}).get("profile"),
+                "data_version": out["data_version"], "git_commit": run.data.tags.get("git.commit"),
+                "model_version": out.get("model_version"),
+                "mlflow_ui": "rcgrpo ui, then " + tracking.run_url(pid)}  # fmt: skip
+        out["report"] = write_and_log_report(
+            pid, str(report_dir / pid), info, rl and rl["run_id"], ft and ft["run_id"],
+            ev and ev["report"], ev and ev["table"],
+        )  # fmt: skip
+    print(json.dumps(out, indent=1, default=str))
+    return out
+
+
+def _counts(counts: dict, prefix: str = "data") -> dict:
+    """{"train": {"high": 8}} -> {"data/train/high": 8} (numbers only)."""
+    flat: dict = {}
+    for key, value in counts.items():
+        if isinstance(value, dict):
+            flat.update(_counts(value, f"{prefix}/{key}"))
+        elif isinstance(value, int | float):
+            flat[f"{prefix}/{key}"] = value
+    return flat
+
+
+if __name__ == "__main__":
+    pipeline_flow(json.loads(sys.argv[1]) if len(sys.argv) > 1 else None)

@@ -1,0 +1,143 @@
+"""Prefect flow for one training stage: RCTP-FT / SFT (`rcgrpo.sft`) or RC-GRPO / GRPO
+(`rcgrpo.grpo.trainer`), as one MLflow run nested under the pipeline's run.
+
+The flow passes paths and run ids only: it loads the stage's params.yaml section with overrides,
+trains in one task (metrics stream to MLflow at every step through `tracking.metrics_logger`, and
+a rich progress bar shows steps and the headline metrics), logs
+the saved model folder as the run's `model` artifact (an I/O task, retried) and returns
+{"run_id", "model_path", "config"}. Registration in the Model Registry happens after evaluation
+(flows/pipeline.py) so the version carries the held-out metrics.
+
+    .venv/bin/python flows/train.py rctp '{"epochs": 1}'      # one stage on its own
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from rcgrpo import tracking
+from rcgrpo.config import load_section
+from rcgrpo.runtime import apply_defaults, project_root
+
+apply_defaults()
+
+STAGES = ("rctp", "sft", "rl")
+
+
+def _abs(path: str, root: Path) -> str:
+    """params.yaml paths are relative to the project; tasks may run from any working dir."""
+    return path if not path or Path(path).is_absolute() else str(root / path)
+
+
+def stage_config(stage: str, overrides: dict | None = None, root: Path | None = None):
+    """The frozen config of `stage` from params.yaml + overrides, with absolute paths."""
+    root = Path(root or project_root())
+    overrides = dict(overrides or {})
+    if stage == "rl":
+        from rcgrpo.grpo.trainer import RLConfig as cls
+    else:
+        from rcgrpo.sft import SFTConfig as cls
+    cfg = load_section(stage, cls, overrides=overrides)
+    fixes = {"out_dir": _abs(cfg.out_dir, root)}
+    if stage == "rl":
+        fixes["init_path"] = _abs(cfg.init_path, root)
+    else:
+        fixes["data"] = _abs(cfg.data, root)
+    return dataclasses.replace(cfg, **fixes)
+
+
+def model_config(overrides: dict | None = None):
+    from rcgrpo.models import ModelConfig
+
+    return load_section("model", ModelConfig, overrides=overrides)
+
+
+def rollout_config(overrides: dict | None = None):
+    from rcgrpo.engines import RolloutConfig
+
+    return load_section("rollout", RolloutConfig, overrides=overrides)
+
+
+def total_steps(stage: str, cfg) -> int | None:
+    """Optimizer steps the stage will take (for the progress bar); None if unknown."""
+    if stage == "rl":
+        return cfg.steps
+    try:
+        rows = sum(1 for line in Path(cfg.data).read_text().splitlines() if line.strip())
+    except OSError:
+        return None
+    return cfg.epochs * -(-rows // cfg.batch_size)  # ceil: a last partial batch is a step
+
+
+@task(cache_policy=NO_CACHE)
+def fit(stage: str, cfg, model_cfg, rollout_cfg, run_id: str) -> str:
+    """Train with a rich progress bar; every step's metrics go to MLflow. Returns the folder of
+    the final model (save_policy layout)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    to_mlflow = tracking.metrics_logger(run_id)
+    shown = ("sft/loss", "reward/mean", "rollout/zero_variance_frac")
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("{task.fields[info]}")]  # fmt: skip
+    with Progress(*columns, transient=False) as bar:
+        job = bar.add_task(f"{stage} steps", total=total_steps(stage, cfg), info="")
+
+        def log(metrics: dict, step: int) -> None:
+            to_mlflow(metrics, step)
+            info = "  ".join(f"{k.split('/')[-1]}={metrics[k]:.3g}" for k in shown if k in metrics)
+            bar.update(job, completed=step, info=info)
+
+        if stage == "rl":
+            from rcgrpo.grpo.trainer import run_rl
+
+            final = run_rl(cfg, model_cfg, rollout_cfg, log_metrics=log)
+        else:
+            from rcgrpo.sft import run_sft
+
+            final = run_sft(cfg, model_cfg, log_metrics=log)
+    return str(final)
+
+
+@task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def log_model(run_id: str, model_path: str) -> None:
+    """The model folder as the run's `model` artifact, plus the trainer's metrics files."""
+    tracking.log_artifact(run_id, model_path, "model")
+    for name in ("metrics.json", "metrics.jsonl", "config.json"):
+        if (Path(model_path).parent / name).exists():
+            tracking.log_artifact(run_id, Path(model_path).parent / name)
+
+
+@flow(name="rcgrpo-train", log_prints=True)
+def train_flow(
+    stage: str,
+    parent_run_id: str | None = None,
+    overrides: dict | None = None,
+    model_overrides: dict | None = None,
+    rollout_overrides: dict | None = None,
+) -> dict:
+    """Train `stage` (rctp | sft | rl); {"run_id", "model_path", "config"}."""
+    if stage not in STAGES:
+        raise ValueError(f"stage {stage!r}: expected one of {STAGES}")
+    cfg = stage_config(stage, overrides)
+    model_cfg = model_config(model_overrides)
+    rollout_cfg = rollout_config(rollout_overrides) if stage == "rl" else None
+    config = {stage: dataclasses.asdict(cfg), "model": dataclasses.asdict(model_cfg)}
+    if rollout_cfg is not None:
+        config["rollout"] = dataclasses.asdict(rollout_cfg)
+    with tracking.start_run(stage, config=config, parent_run_id=parent_run_id,
+                            tags={"stage": stage}) as run:  # fmt: skip
+        run_id = run.info.run_id
+        model_path = fit(stage, cfg, model_cfg, rollout_cfg, run_id)
+        log_model(run_id, model_path)
+    print(f"{stage}: model {model_path} (MLflow run {run_id})")
+    return {"run_id": run_id, "model_path": model_path, "config": config}
+
+
+if __name__ == "__main__":
+    train_flow(sys.argv[1], overrides=json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)

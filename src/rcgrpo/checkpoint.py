@@ -1,0 +1,106 @@
+"""Training checkpoints that resume exactly: trainable weights, optimizer, scheduler, RNGs, step.
+
+Only parameters with requires_grad are stored (a LoRA run stores its adapter and the reward-token
+rows, not the frozen base), so a checkpoint of a 7B LoRA run stays small. `load` restores them
+into the same model object and puts every random generator back where it was, so on the CPU a
+resumed run draws the same numbers as one that never stopped (tests/test_trainer.py checks it).
+Files are written to a temporary folder and renamed: a crash never leaves half a checkpoint.
+
+    save(path, model, optimizer, scheduler, step, extra={"generator": gen.get_state()})
+    state = load(latest(run_dir), model, optimizer, scheduler)   # -> {"step": ..., "extra": ...}
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+PREFIX = "step_"
+
+
+def rng_state() -> dict:
+    import numpy as np
+
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    import numpy as np
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def save(
+    path: str | Path, model, optimizer, scheduler, step: int, extra: dict | None = None
+) -> Path:
+    """Write <path> (a folder) holding state.pt; returns the folder."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save(
+        {
+            "step": step,
+            "model": trainable_state(model),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "rng": rng_state(),
+            "extra": extra or {},
+        },
+        tmp / "state.pt",
+    )
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+    return path
+
+
+def load(path: str | Path, model, optimizer=None, scheduler=None) -> dict:
+    """Restore a checkpoint folder into live objects; returns {"step", "extra"}."""
+    path = Path(path)
+    if not (path / "state.pt").exists():
+        raise FileNotFoundError(f"{path} holds no state.pt: not a checkpoint written by rcgrpo")
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    params = dict(model.named_parameters())
+    missing = sorted(set(state["model"]) - set(params))
+    if missing:
+        raise ValueError(f"{path}: checkpoint has parameters the model lacks: {missing[:5]}")
+    with torch.no_grad():
+        for name, tensor in state["model"].items():
+            params[name].copy_(tensor)
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return {"step": state["step"], "extra": state["extra"]}
+
+
+def latest(run_dir: str | Path) -> Path | None:
+    """The checkpoint folder with the highest step under run_dir/checkpoints, or None."""
+    folder = Path(run_dir) / "checkpoints"
+    found = (
+        [p for p in folder.glob(f"{PREFIX}*") if (p / "state.pt").exists()]
+        if folder.exists()
+        else []
+    )
+    return max(found, key=lambda p: int(p.name[len(PREFIX) :]), default=None)
+
+
+def path_for(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"{PREFIX}{step:06d}"

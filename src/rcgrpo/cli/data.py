@@ -1,0 +1,119 @@
+"""`rcgrpo data ...`: build, list and roll back the DVC-versioned trajectory dataset.
+
+rcgrpo data build                                  # params.yaml `dataset:` section
+rcgrpo data build --set train_tasks=8 --set test_tasks=4 --set rollouts=off
+rcgrpo data versions
+rcgrpo data rollback <rev>                         # byte for byte; says what changed
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, help="Build, list and roll back the dataset (DVC).")
+
+
+def _overrides(pairs: list[str]) -> dict:
+    """["k=v", ...] -> {k: yaml(v)}; a clear error for a pair without '='."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--set")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _root(root: Path | None) -> Path:
+    from rcgrpo.runtime import project_root
+
+    return (root or project_root()).resolve()
+
+
+@app.command()
+def build(
+    set_: list[str] = typer.Option([], "--set", help="override a dataset: key, e.g. seed=1"),
+    params: Path | None = typer.Option(None, help="params.yaml to read (default: checkout's)"),
+) -> None:
+    """Generate, label, validate (GX) and version (DVC) the dataset; one build at a time."""
+    from rcgrpo.config import ConfigError
+    from rcgrpo.trajectories.dataset import load_config
+    from rcgrpo.validation.runner import ValidationFailed
+    from rcgrpo.versioning import VersioningError
+
+    try:
+        cfg = load_config(_overrides(set_), params)
+    except (ConfigError, ValueError) as e:
+        raise typer.BadParameter(str(e), param_hint="--set") from None
+    import sys
+
+    from rcgrpo.runtime import project_root
+
+    if str(project_root()) not in sys.path:  # `flows` lives at the checkout root, not in src/
+        sys.path.insert(0, str(project_root()))
+    from flows.build_dataset import build_dataset_flow  # prefect: heavy import
+
+    try:
+        result = build_dataset_flow(cfg)
+    except ValidationFailed as e:
+        typer.secho(str(e), fg="red", err=True)
+        typer.echo("nothing was versioned; data/ still holds the previous version", err=True)
+        raise typer.Exit(1) from None
+    except VersioningError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps(result, indent=1, default=str))
+
+
+@app.command()
+def versions(root: Path | None = typer.Option(None, help="project root (default: checkout)")):
+    """Every committed dataset version: git rev, date, md5, rows per file and label."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from rcgrpo.versioning import versions as list_versions
+
+    rows = list_versions(_root(root))
+    if not rows:
+        typer.echo("no dataset version committed yet: run `rcgrpo data build`")
+        return
+    table = Table("rev", "date", "md5", "rows (high/low per file)", "")
+    for v in rows:
+        counts = "\n".join(f"{f}: {c['high']}/{c['low']}" for f, c in sorted(v["rows"].items()))
+        table.add_row(
+            v["rev"][:10], v["date"], v["md5"][:12], counts or "?", "*" if v["checked_out"] else ""
+        )
+    Console().print(table)
+
+
+@app.command()
+def rollback(
+    rev: str = typer.Argument(..., help="git revision of a data.dvc commit (see `data versions`)"),
+    root: Path | None = typer.Option(None, help="project root (default: checkout)"),
+) -> None:
+    """Restore data/ to the version committed at REV, byte for byte, and say what changed."""
+    from rcgrpo.versioning import VersioningError
+    from rcgrpo.versioning import rollback as do_rollback
+
+    try:
+        change = do_rollback(rev, _root(root))
+    except VersioningError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(
+        f"data/ is now {change['md5']} (rev {change['rev'][:10]}), was {change['previous_md5']}"
+    )
+    for what in ("added", "removed", "modified"):
+        if change[what]:
+            typer.echo(f"  {what}: {', '.join(change[what])}")
+    for name, after in sorted(change["rows_after"].items()):
+        before = change["rows_before"].get(name, {"high": 0, "low": 0})
+        typer.echo(
+            f"  {name}: high {before['high']} -> {after['high']}, low {before['low']} -> {after['low']}"
+        )
+    typer.echo("data.dvc now differs from HEAD: commit it to keep this version, or roll forward.")

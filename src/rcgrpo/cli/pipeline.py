@@ -1,0 +1,160 @@
+"""`rcgrpo run|ui|schedule`: the whole pipeline, the two UIs, and the nightly schedule.
+
+    rcgrpo run                                   # data -> RCTP-FT -> RC-GRPO -> eval -> registry
+    rcgrpo run --set rl.steps=2 --set eval.limit=1 --stages finetune,rl,eval
+    rcgrpo ui                                    # MLflow UI :5000 + Prefect UI :4200, Ctrl-C stops
+    rcgrpo schedule --cron "0 2 * * *"           # serve the pipeline nightly (needs `rcgrpo ui`)
+
+`--set section.key=value` (YAML value) overrides one params.yaml field for this run only. prefect,
+mlflow and torch are imported inside the commands, so `rcgrpo --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import typer
+
+SET_HELP = "override a params.yaml field, section.key=value (repeatable), e.g. rl.steps=2"
+
+
+def _overrides(pairs: list[str]) -> dict[str, dict]:
+    """["rl.steps=2", "eval.tokens=[high]"] -> {"rl": {"steps": 2}, "eval": {"tokens": ["high"]}}."""
+    import yaml
+
+    out: dict[str, dict] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        section, dot, field = key.strip().partition(".")
+        if not sep or not dot or not section or not field:
+            raise typer.BadParameter(f"{pair!r} is not section.key=value", param_hint="--set")
+        out.setdefault(section, {})[field] = yaml.safe_load(value)
+    return out
+
+
+def _enter_project() -> str:
+    """Work from the project root (params.yaml paths are relative) with `flows` importable."""
+    from rcgrpo.runtime import apply_defaults, project_root
+
+    apply_defaults()
+    root = str(project_root())
+    os.chdir(root)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return root
+
+
+def _use_running_prefect() -> str:
+    """Point Prefect at `rcgrpo ui`'s server when one answers on 127.0.0.1:4200, so runs show
+    there (and no ephemeral server has to start); else Prefect's ephemeral server is used."""
+    from rcgrpo.servers import prefect_api_running
+
+    if not os.environ.get("PREFECT_API_URL") and (api := prefect_api_running()):
+        os.environ["PREFECT_API_URL"] = api
+    return os.environ.get("PREFECT_API_URL", "ephemeral (start `rcgrpo ui` to keep a UI)")
+
+
+def run(
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    stages: str = typer.Option(
+        "",
+        help="comma-separated subset of data,finetune,rl,eval "
+        "(default: params.yaml pipeline.stages, else all)",
+    ),
+    init: str = typer.Option("", help="fine-tuning stage before RL: rctp | sft (default rctp)"),
+    profile: str = typer.Option("", help="model profile (shortcut for --set model.profile=...)"),
+    register_name: str = typer.Option("rcgrpo", help="Model Registry name of the RL model"),
+) -> None:
+    """Run the whole pipeline; prints where the results and the UIs are."""
+    overrides = _overrides(set_)
+    if profile:
+        overrides.setdefault("model", {})["profile"] = profile
+    root = _enter_project()
+    api = _use_running_prefect()
+    from flows.pipeline import pipeline_flow
+    from rcgrpo.config import ConfigError
+
+    started = time.monotonic()
+    chosen = [s.strip() for s in stages.split(",") if s.strip()] or None
+    try:
+        out = pipeline_flow(overrides, chosen, init or None, register_name)
+    except (ConfigError, ValueError) as e:
+        typer.secho(f"rcgrpo run: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    minutes = (time.monotonic() - started) / 60
+    from rcgrpo import tracking
+
+    lines = [
+        f"pipeline finished in {minutes:.1f} min (MLflow run {out['run_id']})",
+        f"  data version     {out.get('data_version')}",
+        f"  model version    {out.get('model_version', '-')} (MLflow Model Registry)",
+        f"  evaluation table {out.get('eval', {}).get('table', '-')}",
+        f"  report           {out['report']}",
+        f"  MLflow store     {tracking.tracking_uri(root)}",
+        f"  MLflow UI        {tracking.run_url(out['run_id'])}   (start it: rcgrpo ui)",
+        f"  Prefect          {api}   (UI: http://127.0.0.1:4200 with rcgrpo ui)",
+    ]
+    typer.echo("\n".join(lines))
+
+
+def ui(
+    mlflow_port: int = typer.Option(5000, help="MLflow UI port on 127.0.0.1"),
+    prefect_port: int = typer.Option(4200, help="Prefect server/UI port on 127.0.0.1"),
+    timeout: float = typer.Option(180.0, help="seconds to wait for both to answer"),
+) -> None:
+    """Start the MLflow UI and the Prefect UI on 127.0.0.1 (2-core settings); Ctrl-C stops both."""
+    root = _enter_project()
+    from rcgrpo import servers, tracking
+
+    typer.echo("starting the MLflow UI and the Prefect server (about 15-30 s on 2 cores) ...")
+    started = [
+        servers.start_mlflow(tracking.store_dir(root), mlflow_port),
+        servers.start_prefect(prefect_port),
+    ]
+    try:
+        servers.wait_ready(started, timeout)
+        typer.echo(f"MLflow UI   {started[0].url}   (runs, metrics, artifacts, Model Registry)")
+        typer.echo(f"Prefect UI  {started[1].url}   (flow runs, deployments, schedules)")
+        typer.echo(
+            f"in another terminal: export PREFECT_API_URL={started[1].url}/api "
+            "(rcgrpo run / schedule find it anyway)"
+        )
+        typer.echo(f"logs: {started[0].log.parent}   Ctrl-C stops both", err=False)
+        sys.stdout.flush()
+        while all(s.proc.poll() is None for s in started):
+            time.sleep(1.0)
+        dead = [s.name for s in started if s.proc.poll() is not None]
+        typer.echo(f"{', '.join(dead)} exited; stopping the rest", err=True)
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        typer.echo("stopping ...")
+    except (RuntimeError, TimeoutError) as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
+    finally:
+        for s in started:
+            servers.stop(s)
+    typer.echo("stopped")
+
+
+def schedule(
+    cron: str = typer.Option("0 2 * * *", help="cron schedule (server time); default nightly"),
+    name: str = typer.Option("nightly", help="deployment name: rcgrpo-pipeline/<name>"),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    stages: str = typer.Option("", help="stages each scheduled run does (default: as rcgrpo run)"),
+) -> None:
+    """Serve the pipeline with a cron schedule until Ctrl-C (needs a Prefect server: rcgrpo ui)."""
+    _enter_project()
+    api = _use_running_prefect()
+    if not os.environ.get("PREFECT_API_URL"):
+        typer.echo("no Prefect server on 127.0.0.1:4200: start `rcgrpo ui` first", err=True)
+        raise typer.Exit(1)
+    from flows.deploy import serve
+
+    params: dict = {"overrides": _overrides(set_)}
+    if stages:
+        params["stages"] = [s.strip() for s in stages.split(",") if s.strip()]
+    typer.echo(f"serving rcgrpo-pipeline/{name} on {api} with cron {cron!r}; Ctrl-C stops")
+    serve(name, cron, params)

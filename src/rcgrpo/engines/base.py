@@ -1,0 +1,123 @@
+"""The rollout engine interface: many BFCL episodes in flight, batched generation underneath.
+
+`Engine.rollout(tasks, reward_tokens, protocol, seed)` creates one AgentLoop per task (repeat a
+task G times for a GRPO group), then repeatedly gathers every episode waiting for the model and
+generates their next messages in one batched call (`generate`, the only engine-specific part),
+until all episodes are over. Seeds are per episode and per step, `(seed, episode index, step)`,
+so an episode's samples do not depend on which other episodes share its batch.
+
+    from rcgrpo.engines import RolloutConfig, make_engine
+    engine = make_engine(RolloutConfig(), policy)
+    rollouts = engine.rollout(tasks, reward_tokens=["<|high_reward|>"] * len(tasks), seed=0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rcgrpo.bfcl.tasks import Task
+from rcgrpo.trajectories.agent_loop import AgentLoop, Limits, Rollout
+from rcgrpo.trajectories.prompts import Renderer
+from rcgrpo.trajectories.record import Provenance
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """params.yaml `rollout:` section."""
+
+    engine: str = "hf"  # "hf" (transformers generate loop, CPU or GPU) | "vllm" (GPU only)
+    protocol: str = "combined"  # "combined" (paper, Step 1..n + done()) | "bfcl" (turn by turn)
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus sampling mass
+    max_new_tokens: int = 128  # per model message
+    max_total_tokens: int = 2048  # per episode: prompt + every turn (the token budget)
+    max_steps: int = 20  # model messages per turn (BFCL's step limit)
+    max_batch: int = 64  # most sequences in one batched generate call
+    vllm_gpu_memory_utilization: float = 0.6  # vllm only: share of GPU memory for the engine
+    vllm_max_lora_rank: int = 64  # vllm only: upper bound on the adapter rank
+
+    def __post_init__(self):
+        if self.engine not in ("hf", "vllm"):
+            raise ValueError(f"rollout.engine must be 'hf' or 'vllm', got {self.engine!r}")
+        if self.protocol not in ("bfcl", "combined"):
+            raise ValueError(f"rollout.protocol must be 'bfcl' or 'combined': {self.protocol!r}")
+        if not 0 < self.top_p <= 1 or self.temperature < 0:
+            raise ValueError("rollout.top_p must be in (0, 1] and temperature >= 0")
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_new_tokens, self.max_total_tokens, self.max_steps)
+
+
+@dataclass
+class Sample:
+    """One generated message: sampled ids (stop token included when it was sampled) and
+    log p(id) under the policy at temperature 1 (what a training forward pass recomputes)."""
+
+    ids: list[int]
+    logprobs: list[float]
+
+
+def episode_seed(seed: int, index: int, step: int) -> int:
+    """A 63-bit seed for (run seed, episode, step): mixes with large odd constants."""
+    return (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB) & (
+        (1 << 63) - 1
+    )
+
+
+class Engine:
+    """Base class: the episode scheduler. Subclasses implement `generate` and `sync`."""
+
+    def __init__(self, cfg: RolloutConfig, policy):
+        self.cfg = cfg
+        self.policy = policy
+        self.renderer = Renderer(policy.tokenizer, policy.stop_id)
+        self.generated_tokens = 0  # running count, for benchmarks and logs
+
+    def generate(
+        self, prompts: list[list[int]], max_new: list[int], seeds: list[int]
+    ) -> list[Sample]:
+        """Continue every prompt by one message (until the stop token or max_new[i] tokens)."""
+        raise NotImplementedError
+
+    def sync(self, policy) -> None:
+        """Serve the weights of `policy` from now on (call after every optimizer step)."""
+        raise NotImplementedError
+
+    def rollout(
+        self,
+        tasks: Sequence[Task],
+        reward_tokens: Sequence[str | None] | str | None = None,
+        protocol: str | None = None,
+        seed: int = 0,
+    ) -> list[Rollout]:
+        """Roll out every task once (in order); reward_tokens: one per task, or one for all."""
+        if reward_tokens is None or isinstance(reward_tokens, str):
+            reward_tokens = [reward_tokens] * len(tasks)
+        if len(reward_tokens) != len(tasks):
+            raise ValueError(f"{len(reward_tokens)} reward tokens for {len(tasks)} tasks")
+        protocol = protocol or self.cfg.protocol
+        loops = [
+            AgentLoop(
+                task, self.renderer, protocol, token, self.cfg.limits, self.policy.compact_docs,
+                Provenance(generator="rollout", model=self.policy.name, seed=seed),
+            )
+            for task, token in zip(tasks, reward_tokens, strict=True)
+        ]  # fmt: skip
+        steps = [0] * len(loops)
+        while waiting := [i for i, loop in enumerate(loops) if loop.pending() is not None]:
+            # Longest first: sequences of similar length share a batch (less padding).
+            waiting.sort(key=lambda i: -len(loops[i].ids))
+            for start in range(0, len(waiting), self.cfg.max_batch):
+                batch = waiting[start : start + self.cfg.max_batch]
+                samples = self.generate(
+                    [loops[i].ids for i in batch],
+                    [loops[i].max_new() for i in batch],
+                    [episode_seed(seed, i, steps[i]) for i in batch],
+                )
+                for i, sample in zip(batch, samples, strict=True):
+                    self.generated_tokens += len(sample.ids)
+                    loops[i].feed(sample.ids, sample.logprobs)
+                    steps[i] += 1
+        return [loop.result() for loop in loops]

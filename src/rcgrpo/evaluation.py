@@ -1,0 +1,243 @@
+"""Held-out BFCL evaluation: roll out, score with both checkers, summarise with Wilson intervals.
+
+For each requested reward token (default <|high_reward|>; add <|low_reward|> for the
+controllability gap) and seed, every test task is rolled out once by the engine, scored with the
+paper's R and BFCL's official check (`rcgrpo.bfcl.checkers.score`), and summarised per category,
+pooled (k/80) and as BFCL's unweighted category mean, each with a Wilson 95% interval
+(`rcgrpo.stats`). The protocol ("bfcl" turn by turn, or "combined" Step 1..n) is recorded with
+every number. Results are also written in bfcl-eval's result-file layout,
+
+    <out>/bfcl_results/<model>-<token>-s<seed>/multi_turn/BFCL_v4_multi_turn_<category>_result.json
+
+one JSON line per entry {"id", "result"}, result = per turn, per step, the model's decoded output
+as a prompting model writes it ("[cd(folder='a'), ls()]"), so bfcl-eval's evaluator can score it.
+
+    rcgrpo eval --model outputs/rctp --tokens high,low --seeds 0,1 --out outputs/eval/rctp
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from rcgrpo.bfcl.tasks import CATEGORIES, Task, tasks_in
+from rcgrpo.stats import summarise
+from rcgrpo.trajectories.record import HIGH, LOW
+
+TOKENS = {"high": HIGH, "low": LOW, "none": None}
+CHECKERS = ("paper", "bfcl")
+LogMetrics = Callable[[dict, int], None]
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    split: Literal["train", "test"] = "test"  # held-out tasks are "test" (80)
+    protocol: Literal["bfcl", "combined"] = "bfcl"  # turn by turn (official) or Step 1..n
+    tokens: tuple[str, ...] = ("high",)  # of "high", "low", "none"; high+low gives the gap
+    seeds: tuple[int, ...] = (0,)  # one full pass over the tasks per seed
+    categories: tuple[str, ...] = CATEGORIES  # BFCL multi-turn categories to include
+    limit: int = 0  # first N tasks per category (0 = all), for quick checks only
+    model_name: str = "rcgrpo"  # folder name in the bfcl-eval result layout
+    out_dir: str = "outputs/eval"  # report.json, outcomes.jsonl, bfcl_results/
+
+    def __post_init__(self):
+        bad = [t for t in self.tokens if t not in TOKENS]
+        if bad or not self.tokens:
+            raise ValueError(f"tokens must be a non-empty subset of {list(TOKENS)}, got {bad}")
+
+
+@dataclass
+class Outcome:
+    """One scored rollout of one task under one reward token and seed."""
+
+    task_id: str
+    category: str
+    token: str  # "high" | "low" | "none"
+    seed: int
+    paper: int
+    bfcl: int
+    calls: list = field(default_factory=list)  # turn -> step -> call strings
+    reasons: dict = field(default_factory=dict)
+
+
+def eval_tasks(cfg: EvalConfig) -> list[Task]:
+    tasks = tasks_in(cfg.split, tuple(cfg.categories))
+    if cfg.limit:
+        per: dict[str, int] = {}
+        kept = []
+        for t in tasks:
+            per[t.category] = per.get(t.category, 0) + 1
+            if per[t.category] <= cfg.limit:
+                kept.append(t)
+        tasks = kept
+    return tasks
+
+
+def score_calls(task: Task, calls, protocol: str, token: str, seed: int) -> Outcome:
+    from rcgrpo.bfcl.checkers import score
+
+    paper, bfcl = score(task, calls, protocol)
+    return Outcome(
+        task.id,
+        task.category,
+        token,
+        seed,
+        paper.reward,
+        bfcl.reward,
+        calls,
+        {"paper": paper.reason, "bfcl": bfcl.reason},
+    )
+
+
+def outcome_of(task: Task, rollout, protocol: str, token: str, seed: int) -> Outcome:
+    """Use the rewards an agent_loop.Rollout already carries; score other rollouts here."""
+    record = getattr(rollout, "trajectory", None)
+    if record is None:
+        return score_calls(task, rollout.calls, protocol, token, seed)
+    return Outcome(task.id, task.category, token, seed, record.paper_reward, record.bfcl_reward,
+                   rollout.calls, dict(record.reward_reason))  # fmt: skip
+
+
+def summarise_outcomes(outcomes: list[Outcome], protocol: str) -> dict:
+    """Nested report: runs[token][seed][checker] = summary, plus seed means and the gap.
+
+    gap[checker] = pooled(high) - pooled(low) per seed (same tasks, same seed), and its mean.
+    """
+    runs: dict = {}
+    for token in sorted({o.token for o in outcomes}):
+        runs[token] = {}
+        for seed in sorted({o.seed for o in outcomes if o.token == token}):
+            chosen = [o for o in outcomes if o.token == token and o.seed == seed]
+            runs[token][seed] = {
+                checker: _to_dicts(summarise([(o.category, getattr(o, checker)) for o in chosen]))
+                for checker in CHECKERS
+            }
+    report: dict = {"protocol": protocol, "n_tasks": 0, "runs": runs, "seed_mean": {}, "gap": {}}
+    if outcomes:
+        report["n_tasks"] = len({o.task_id for o in outcomes})
+    for token, by_seed in runs.items():
+        report["seed_mean"][token] = {}
+        for checker in CHECKERS:
+            values = [s[checker]["pooled"]["value"] for s in by_seed.values()]
+            report["seed_mean"][token][checker] = {
+                "pooled_mean": statistics.fmean(values),
+                "pooled_std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+                "n_seeds": len(values),
+            }
+    if "high" in runs and "low" in runs:
+        seeds = sorted(set(runs["high"]) & set(runs["low"]))
+        for checker in CHECKERS:
+            per_seed = [
+                runs["high"][s][checker]["pooled"]["value"]
+                - runs["low"][s][checker]["pooled"]["value"]
+                for s in seeds
+            ]
+            report["gap"][checker] = {
+                "per_seed": per_seed,
+                "mean": statistics.fmean(per_seed) if per_seed else 0.0,
+            }
+    return report
+
+
+def _to_dicts(summary: dict) -> dict:
+    return {
+        "pooled": summary["pooled"].to_dict(),
+        "category_mean": summary["category_mean"].to_dict(),
+        "per_category": {c: a.to_dict() for c, a in summary["per_category"].items()},
+    }
+
+
+def flat_metrics(report: dict) -> dict[str, float]:
+    """eval/<checker>/<token>/{pooled,category_mean,<category>} for seed 0's run (or the first
+    seed), eval/<checker>/<token>/seed_mean, and eval/<checker>/gap."""
+    out: dict[str, float] = {}
+    for token, by_seed in report["runs"].items():
+        first = by_seed[min(by_seed)]
+        for checker in CHECKERS:
+            s = first[checker]
+            prefix = f"eval/{checker}/{token}"
+            out[f"{prefix}/pooled"] = s["pooled"]["value"]
+            out[f"{prefix}/pooled_low"] = s["pooled"]["low"]
+            out[f"{prefix}/pooled_high"] = s["pooled"]["high"]
+            out[f"{prefix}/category_mean"] = s["category_mean"]["value"]
+            for c, a in s["per_category"].items():
+                out[f"{prefix}/{c}"] = a["value"]
+            out[f"{prefix}/seed_mean"] = report["seed_mean"][token][checker]["pooled_mean"]
+    for checker, g in report["gap"].items():
+        out[f"eval/{checker}/gap"] = g["mean"]
+    return out
+
+
+def step_text(calls: list[str]) -> str:
+    """One model step as a prompting model's decoded output: "[f(a=1), g()]"."""
+    return "[" + ", ".join(calls) + "]"
+
+
+def write_bfcl_results(outcomes: list[Outcome], out_dir: Path, model_name: str) -> list[Path]:
+    """One bfcl-eval result file per (token, seed, category); returns the files written."""
+    groups: dict[tuple, list[Outcome]] = {}
+    for o in outcomes:
+        groups.setdefault((o.token, o.seed, o.category), []).append(o)
+    written = []
+    for (token, seed, category), rows in sorted(groups.items()):
+        folder = Path(out_dir) / f"{model_name}-{token}-s{seed}" / "multi_turn"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"BFCL_v4_multi_turn_{category}_result.json"
+        rows = sorted(rows, key=lambda o: int(o.task_id.rsplit("_", 1)[1]))
+        lines = [
+            json.dumps({"id": o.task_id, "result": [[step_text(s) for s in t] for t in o.calls]})
+            for o in rows
+        ]
+        path.write_text("\n".join(lines) + "\n")
+        written.append(path)
+    return written
+
+
+def evaluate(
+    engine,
+    cfg: EvalConfig,
+    log_metrics: LogMetrics | None = None,
+    step: int = 0,
+    tasks: list[Task] | None = None,
+) -> dict:
+    """Roll out every task once per (token, seed) through `engine`, score, summarise, write.
+
+    engine: anything with `rollout(tasks, reward_tokens, protocol, seed) -> list[Rollout]`
+    (rcgrpo.engines); a rollout's `calls` are re-scored here so both checkers always run.
+    Writes <out_dir>/report.json, outcomes.jsonl and bfcl_results/; returns the report.
+    """
+    tasks = tasks if tasks is not None else eval_tasks(cfg)
+    outcomes: list[Outcome] = []
+    for seed in cfg.seeds:
+        for token in cfg.tokens:
+            rollouts = engine.rollout(tasks, [TOKENS[token]] * len(tasks), cfg.protocol, seed)
+            for task, r in zip(tasks, rollouts, strict=True):
+                outcomes.append(outcome_of(task, r, cfg.protocol, token, seed))
+    report = summarise_outcomes(outcomes, cfg.protocol)
+    report["config"] = asdict(cfg)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    with (out / "outcomes.jsonl").open("w") as fh:
+        for o in outcomes:
+            fh.write(json.dumps(asdict(o)) + "\n")
+    write_bfcl_results(outcomes, out / "bfcl_results", cfg.model_name)
+    flat = flat_metrics(report)
+    (out / "metrics.json").write_text(json.dumps(flat, indent=1) + "\n")  # for dvc.yaml
+    if log_metrics is not None:
+        log_metrics(flat, step)
+    return report
+
+
+def run_eval(cfg: EvalConfig, model_cfg, model_path, rollout_cfg=None, log_metrics=None) -> dict:
+    """Load a saved policy and evaluate it with the rollout engine (rcgrpo.engines)."""
+    from rcgrpo.engines import RolloutConfig, make_engine
+    from rcgrpo.models import load_policy
+
+    policy = load_policy(model_cfg, adapter_path=model_path)
+    engine = make_engine(rollout_cfg or RolloutConfig(protocol=cfg.protocol), policy)
+    return evaluate(engine, cfg, log_metrics)

@@ -1,0 +1,373 @@
+"""The RC-GRPO / GRPO loop: sample tasks, G rollouts each, score, advantages, clipped update.
+
+One step: draw `tasks_per_step` distinct training tasks; give each of its G rollouts a reward
+token (RC-GRPO: one sampled per rollout by core_algos.sample_reward_tokens; GRPO: none); roll out
+through the engine (which returns the sampled ids, the sampled-token mask and sampling log-probs:
+we train on exactly those ids, never a re-rendered chat); score with the paper's R (or BFCL's
+check); group advantages; then `inner_epochs` passes of the PPO-clipped loss with k3 KL to the
+frozen initial model; then `engine.sync(policy)` so the next rollouts come from the new weights.
+
+Every random draw of step s comes from generators seeded by (seed, s), and checkpoints hold the
+weights, optimizer, scheduler and RNG states, so `resume` reproduces on the CPU the metrics of a
+run that was never stopped (all but the wall-clock perf/* ones). Metric names: docs/metrics.md.
+The paper's comparisons are one field away: `init` sft|rctp, `conditioning` none|rc,
+`advantage` grpo|mean|sign.
+
+    rcgrpo train rl --set init=rctp --set conditioning=rc        # RCTP-FT + RC-GRPO
+    rcgrpo train rl --set init=sft --set conditioning=none --resume
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from rcgrpo import checkpoint
+from rcgrpo.grpo.core_algos import (
+    group_advantages,
+    group_reward_stats,
+    policy_loss,
+    sample_reward_tokens,
+    token_entropy,
+    token_logprobs,
+)
+from rcgrpo.trajectories.record import HIGH, LOW
+
+LogMetrics = Callable[[dict, int], None]
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    init: Literal["sft", "rctp"] = "rctp"  # start from the SFT or the RCTP-FT model
+    init_path: str = ""  # the model to start from; "" = outputs/<init>/final
+    conditioning: Literal["none", "rc"] = "rc"  # rc: a sampled reward token per rollout
+    advantage: Literal["grpo", "mean", "sign"] = "grpo"  # (R-mean)/std, R-mean, or 2R-1
+    token_sampling: Literal["iid", "stratified"] = "iid"  # iid P(high)=p, or both per group
+    p_high: float = 0.5  # P(<|high_reward|>) per rollout (paper: 0.5)
+    group_size: int = 5  # rollouts per task, G (paper: 5)
+    tasks_per_step: int = 8  # groups per step; the batch is tasks_per_step * group_size rollouts
+    steps: int = 400  # optimizer steps (paper: "400 epochs")
+    inner_epochs: int = 1  # policy-loss passes over one step's rollouts
+    micro_batch_size: int = 8  # rollouts per forward pass (gradient accumulation)
+    lr: float = 1e-6  # AdamW learning rate (paper: 1e-6), constant after warmup
+    warmup_steps: int = 0  # linear warmup steps
+    grad_clip: float = 1.0  # max global grad norm (0 = off)
+    clip_eps: float = 0.2  # PPO ratio clip (paper: 0.2)
+    kl_coef: float = 0.1  # beta of the KL to the frozen initial model (paper: 0.1)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # per-token KL estimator
+    aggregation: Literal["token-mean", "seq-mean"] = "token-mean"  # loss average
+    reward: Literal["paper", "bfcl"] = "paper"  # which checker's 0/1 is the training reward
+    protocol: Literal["bfcl", "combined"] = "combined"  # combined = the paper's Step 1..n prompt
+    save_every: int = 50  # checkpoint every N steps (0 = never)
+    seed: int = 0  # task draws, reward tokens, rollout sampling
+    out_dir: str = "outputs/rl"  # checkpoints/, metrics.jsonl, final/
+
+    def __post_init__(self):
+        if self.token_sampling == "stratified" and self.group_size < 2:
+            raise ValueError("token_sampling=stratified needs group_size >= 2 to hold both tokens")
+        if self.advantage != "sign" and self.group_size < 2:
+            raise ValueError(
+                f"advantage={self.advantage} needs group_size >= 2 (a group of 1 "
+                "always has zero variance, so every update would vanish)"
+            )
+        if self.inner_epochs < 1 or self.steps < 1 or self.tasks_per_step < 1:
+            raise ValueError("steps, tasks_per_step and inner_epochs must be >= 1")
+
+    @property
+    def start_path(self) -> str:
+        return self.init_path or f"outputs/{self.init}/final"
+
+
+def step_seed(seed: int, step: int) -> int:
+    """One integer per (run seed, step): every draw of a step depends on nothing else."""
+    return seed * 1_000_003 + step
+
+
+def batch_tensors(rollouts, pad_id: int = 0):
+    """Rollouts -> ids (B, T), loss mask (B, T), sampling logprobs (B, T), attention (B, T)."""
+    T = max(len(r.ids) for r in rollouts)
+    B = len(rollouts)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    mask, logp, attn = torch.zeros(B, T), torch.zeros(B, T), torch.zeros(B, T, dtype=torch.long)
+    for i, r in enumerate(rollouts):
+        n = len(r.ids)
+        ids[i, :n] = torch.as_tensor(r.ids)
+        mask[i, :n] = torch.as_tensor(r.loss_mask, dtype=torch.float32)
+        logp[i, :n] = torch.as_tensor(r.logprobs, dtype=torch.float32)
+        attn[i, :n] = 1
+    return ids, mask, logp, attn
+
+
+class Trainer:
+    """RC-GRPO / GRPO on a policy (`.model`, `.tokenizer`) through a rollout engine.
+
+    score_fn(task, rollout) -> (paper 0/1, bfcl 0/1); default: the rollout's own rewards if it
+    carries them, else rcgrpo.bfcl.checkers.score on its calls. ref_model: the frozen reference
+    (default: a copy of the model as given, i.e. the initial SFT / RCTP-FT policy).
+    temperature: the engine's sampling temperature (rollout.temperature); training log-probs
+    use logits / temperature, the distribution the rollouts were drawn from.
+    """
+
+    def __init__(
+        self,
+        policy,
+        engine,
+        tasks,
+        cfg: RLConfig,
+        log_metrics: LogMetrics | None = None,
+        score_fn=None,
+        ref_model=None,
+        temperature: float = 1.0,
+    ):
+        self.policy, self.engine, self.tasks, self.cfg = policy, engine, list(tasks), cfg
+        self.model = policy.model
+        self.log_metrics = log_metrics
+        self.score_fn = score_fn or self._score
+        self.ref_model = ref_model
+        if temperature <= 0:
+            raise ValueError("RL needs sampling: rollout.temperature must be > 0 (0 is greedy)")
+        self.temperature = temperature
+        if ref_model is None and cfg.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=0.0)
+        warm = cfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+        )
+        tok = getattr(policy, "tokenizer", None)
+        self.pad_id = getattr(tok, "pad_token_id", None) or 0
+        self.step = 0
+        self.out = Path(cfg.out_dir)
+
+    # -- one step ---------------------------------------------------------------------------------
+    def _score(self, task, rollout) -> tuple[int, int]:
+        record = getattr(rollout, "trajectory", None)  # agent_loop.Rollout: already scored
+        if record is not None:
+            return int(record.paper_reward), int(record.bfcl_reward)
+        from rcgrpo.bfcl.checkers import score
+
+        paper, bfcl = score(task, rollout.calls, self.cfg.protocol)
+        return paper.reward, bfcl.reward
+
+    def draw(self, step: int):
+        """Tasks (n,) and the token of each of the n*G rollouts, from the step's generator."""
+        cfg = self.cfg
+        g = torch.Generator().manual_seed(step_seed(cfg.seed, step))
+        n = min(cfg.tasks_per_step, len(self.tasks))
+        picked = torch.randperm(len(self.tasks), generator=g)[:n].tolist()
+        tasks = [self.tasks[i] for i in picked]
+        if cfg.conditioning == "rc":
+            high = sample_reward_tokens(n, cfg.group_size, cfg.p_high, cfg.token_sampling, g)
+            tokens = [HIGH if h else LOW for h in high.flatten().tolist()]  # (n*G,) group-major
+        else:
+            tokens = [None] * (n * cfg.group_size)
+        return tasks, tokens
+
+    def _logprobs(self, model, ids, attn):
+        """Log-probs of ids[:, 1:] at the sampling temperature (B, T-1), and the raw logits
+        (B, T-1, V) (temperature 1, what the engine reports its log-probs at)."""
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        scaled = logits if self.temperature == 1.0 else logits / self.temperature
+        return token_logprobs(scaled, ids[:, 1:]), logits
+
+    def train_step(self, step: int) -> dict:
+        cfg, t0 = self.cfg, time.perf_counter()
+        tasks, tokens = self.draw(step)
+        G = cfg.group_size
+        flat_tasks = [t for t in tasks for _ in range(G)]  # group-major, matches tokens
+        rollouts = self.engine.rollout(flat_tasks, tokens, cfg.protocol, step_seed(cfg.seed, step))
+        t_roll = time.perf_counter() - t0
+        scores = [self.score_fn(t, r) for t, r in zip(flat_tasks, rollouts, strict=True)]
+        col = 0 if cfg.reward == "paper" else 1
+        rewards = torch.tensor([s[col] for s in scores], dtype=torch.float32).view(-1, G)
+        adv = group_advantages(rewards, cfg.advantage).flatten()  # (B,)
+
+        ids, mask, sampled_logp, attn = batch_tensors(rollouts, self.pad_id)
+        mask, sampled_logp = mask[:, 1:], sampled_logp[:, 1:]  # align with predicted tokens
+        chunks = [
+            slice(i, i + cfg.micro_batch_size)
+            for i in range(0, len(rollouts), cfg.micro_batch_size)
+        ]
+        with torch.no_grad():  # old (pre-update; only needed for >1 pass) and reference, (B, T-1)
+            old = None
+            if cfg.inner_epochs > 1:
+                old = torch.cat([self._logprobs(self.model, ids[c], attn[c])[0] for c in chunks])
+            ref = (
+                torch.cat([self._logprobs(self.ref_model, ids[c], attn[c])[0] for c in chunks])
+                if self.ref_model is not None and cfg.kl_coef > 0
+                else None
+            )
+        n_tok = mask.sum().clamp(min=1)
+        n_seq = (mask.sum(1) > 0).sum().clamp(min=1)
+        self.model.train()
+        acc: dict[str, float] = {}
+        gap = torch.zeros(())  # sum over sampled tokens of |engine log p - trainer log p|
+        for epoch in range(cfg.inner_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            for c in chunks:
+                logp, logits = self._logprobs(self.model, ids[c], attn[c])
+                with torch.no_grad():
+                    ent = token_entropy(logits)
+                    if epoch == 0:  # the weights the engine sampled from: compare at T = 1
+                        mine = token_logprobs(logits, ids[c, 1:])
+                        gap += ((sampled_logp[c] - mine).abs() * mask[c]).sum()
+                # one pass: pi_old = pi_theta before the step, i.e. this very forward, detached
+                loss, stats = policy_loss(
+                    logp,
+                    logp.detach() if old is None else old[c],
+                    adv[c],
+                    mask[c],
+                    None if ref is None else ref[c],
+                    clip_eps=cfg.clip_eps,
+                    kl_coef=cfg.kl_coef,
+                    kl_estimator=cfg.kl_estimator,
+                    aggregation=cfg.aggregation,
+                    entropy=ent,
+                )
+                # weight of this micro-batch in the batch mean: its share of tokens (or sequences)
+                w = (
+                    mask[c].sum() / n_tok
+                    if cfg.aggregation == "token-mean"
+                    else (mask[c].sum(1) > 0).sum() / n_seq
+                )
+                (loss * w).backward()
+                stats["total"] = loss.item()
+                for k, v in stats.items():
+                    acc[k] = acc.get(k, 0.0) + float(w) * v / cfg.inner_epochs
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+            )
+            lr = self.scheduler.get_last_lr()[0]
+            self.optimizer.step()
+        self.scheduler.step()
+        self.model.eval()
+        self.engine.sync(self.policy)
+
+        gen_tokens = float(mask.sum())
+        metrics = {
+            "reward/mean": float(rewards.mean()),
+            "reward/other_checker_mean": float(
+                torch.tensor([s[1 - col] for s in scores]).float().mean()
+            ),
+            **{f"rollout/{k}": v for k, v in group_reward_stats(rewards).items()},
+            "rollout/adv_std": float(adv.std(unbiased=False)),
+            "rollout/adv_abs_mean": float(adv.abs().mean()),
+            "rollout/zero_adv_frac": float((adv == 0).float().mean()),
+            "rollout/response_tokens": gen_tokens / len(rollouts),
+            "rollout/logprob_gap": float(gap / n_tok),
+            "loss/total": acc["total"],
+            "loss/pg": acc["pg_loss"],
+            "loss/kl": acc["kl"],
+            "loss/clip_frac": acc["clip_frac"],
+            "loss/ratio_mean": acc["ratio_mean"],
+            "loss/entropy": acc["entropy"],
+            "loss/grad_norm": float(grad_norm),
+            "loss/lr": lr,
+            "perf/gen_tokens_per_s": gen_tokens / max(t_roll, 1e-9),
+            "perf/rollout_s": t_roll,
+            "perf/step_s": time.perf_counter() - t0,
+        }
+        if cfg.conditioning == "rc":  # per-token means only for tokens drawn this step
+            is_high = torch.tensor([t == HIGH for t in tokens]).view(-1, G)
+            for name, sel in (("high", is_high), ("low", ~is_high)):
+                if sel.any():
+                    metrics[f"reward/mean_{name}"] = float(rewards[sel].mean())
+            if is_high.any() and (~is_high).any():
+                metrics["reward/token_gap"] = (
+                    metrics["reward/mean_high"] - metrics["reward/mean_low"]
+                )
+        return metrics
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def save(self, step: int) -> Path:
+        return checkpoint.save(
+            checkpoint.path_for(self.out, step), self.model, self.optimizer, self.scheduler, step
+        )
+
+    def resume(self) -> int:
+        """Load the latest checkpoint under out_dir (if any) and return its step."""
+        ckpt = checkpoint.latest(self.out)
+        if ckpt is None:
+            return 0
+        self.step = checkpoint.load(ckpt, self.model, self.optimizer, self.scheduler)["step"]
+        self.engine.sync(self.policy)
+        # forget metrics logged after the checkpoint: they are recomputed identically
+        path = self.out / "metrics.jsonl"
+        if path.exists():
+            kept = [
+                ln for ln in path.read_text().splitlines() if json.loads(ln)["step"] <= self.step
+            ]
+            path.write_text("".join(ln + "\n" for ln in kept))
+        return self.step
+
+    def train(self, resume: bool = False, stop_after: int | None = None) -> list[dict]:
+        """Run to cfg.steps (or stop after step `stop_after`, for tests); returns new metrics."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self.resume()
+        history = []
+        last = self.cfg.steps if stop_after is None else min(stop_after, self.cfg.steps)
+        for step in range(self.step + 1, last + 1):
+            metrics = self.train_step(step)
+            self.step = step
+            history.append(metrics)
+            with (self.out / "metrics.jsonl").open("a") as fh:
+                fh.write(json.dumps({"step": step, **metrics}) + "\n")
+            if self.log_metrics is not None:
+                self.log_metrics(metrics, step)
+            if self.cfg.save_every and step % self.cfg.save_every == 0:
+                self.save(step)
+        return history
+
+
+def write_summary(out: Path) -> dict:
+    """<out>/metrics.json for dvc.yaml: the last step's metrics + run means of the key ones."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = {k: v for k, v in rows[-1].items() if not k.startswith("perf/")}
+    for key in ("reward/mean", "rollout/zero_variance_frac", "rollout/within_group_std"):
+        summary[f"{key}_run_mean"] = sum(r[key] for r in rows) / len(rows)
+    (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def run_rl(
+    cfg: RLConfig,
+    model_cfg,
+    rollout_cfg=None,
+    log_metrics: LogMetrics | None = None,
+    log_artifact: Callable[[Path], None] | None = None,
+    resume: bool = False,
+) -> Path:
+    """Load the initial policy (cfg.start_path), train on the train split, save <out_dir>/final."""
+    from rcgrpo.bfcl.tasks import tasks_in
+    from rcgrpo.engines import RolloutConfig, make_engine
+    from rcgrpo.models import load_policy, save_policy
+
+    start = Path(cfg.start_path)
+    if not start.exists():
+        raise FileNotFoundError(
+            f"initial model {start} not found: run `rcgrpo train {cfg.init}` first, "
+            "or set rl.init_path to a folder written by save_policy"
+        )
+    rollout_cfg = rollout_cfg or RolloutConfig(protocol=cfg.protocol)
+    policy = load_policy(model_cfg, adapter_path=start)
+    engine = make_engine(rollout_cfg, policy)
+    trainer = Trainer(policy, engine, tasks_in("train"), cfg, log_metrics,
+                      temperature=rollout_cfg.temperature)  # fmt: skip
+    trainer.out.mkdir(parents=True, exist_ok=True)
+    (trainer.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+    trainer.train(resume=resume)
+    final = save_policy(policy, trainer.out / "final")
+    write_summary(trainer.out)
+    if log_artifact is not None:
+        log_artifact(final)
+    return final

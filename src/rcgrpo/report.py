@@ -1,0 +1,162 @@
+"""The pipeline's report folder: PNG plots and a short markdown summary, from plain data.
+
+`write_report` takes metric histories ({name: [(step, value)]}, e.g. from
+`rcgrpo.tracking.metric_histories`), the evaluation report (rcgrpo.evaluation's report.json) and
+the run's ids/versions, and writes into `reports/<run>/`:
+
+    reward.png          reward/mean (and mean_high / mean_low under RC) per RL step
+    zero_variance.png   rollout/zero_variance_frac per RL step: the groups with no GRPO signal
+    sft_loss.png        sft/loss per optimizer step of the fine-tuning stage
+    accuracy.png        per-category and pooled accuracy with Wilson 95% intervals, per token
+    summary.md          versions, headline numbers beside the paper's Table 1, links to the plots
+
+No mlflow or prefect here (flows/pipeline.py logs the folder to MLflow). matplotlib is imported
+inside the plotting function with the Agg backend (no display on servers).
+
+    .venv/bin/python -c "from rcgrpo.report import write_report; help(write_report)"
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
+PAPER_TABLE1 = {  # pooled accuracy (%) on the 80 test tasks, Qwen2.5-7B / Llama-3.1-8B
+    "base model": (11.25, 0.00),
+    "SFT + GRPO": (48.75, 35.00),
+    "SFT + RC-GRPO": (46.25, 35.00),
+    "RCTP-FT + GRPO": (73.75, 46.25),
+    "RCTP-FT + RC-GRPO": (85.00, 48.75),
+}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def line_plot(series: dict[str, list[tuple[int, float]]], title: str, ylabel: str, path: Path):
+    """One line per named series; skipped (None) when every series is empty."""
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, points in series.items():
+        steps, values = zip(*points, strict=True)
+        ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=name)
+    ax.set(title=title, xlabel="step", ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def accuracy_plot(report: dict, path: Path, checker: str = "bfcl"):
+    """Bars per category (+ pooled, category mean) per reward token, Wilson 95% error bars."""
+    runs = report.get("runs") or {}
+    if not runs:
+        return None
+    plt = _pyplot()
+    labels = [*CATEGORIES, "pooled", "category_mean"]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / len(runs)
+    for i, (token, by_seed) in enumerate(sorted(runs.items())):
+        s = by_seed[min(by_seed, key=str)][checker]
+        cells = [s["per_category"].get(c) for c in CATEGORIES] + [s["pooled"], s["category_mean"]]
+        vals = [100 * c["value"] if c else 0.0 for c in cells]
+        lo = [100 * (c["value"] - c["low"]) if c else 0.0 for c in cells]
+        hi = [100 * (c["high"] - c["value"]) if c else 0.0 for c in cells]
+        xs = [j + i * width for j in range(len(labels))]
+        ax.bar(xs, vals, width, yerr=[lo, hi], capsize=3, label=f"<|{token}_reward|>")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, fontsize=8)
+    ax.set(ylim=(0, 100), ylabel="accuracy (%)",
+           title=f"held-out accuracy, {checker} checker (Wilson 95%)")  # fmt: skip
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _pct(a: dict | None) -> str:
+    if not a:
+        return "-"
+    return f"{100 * a['value']:.1f} [{100 * a['low']:.1f}, {100 * a['high']:.1f}]"
+
+
+def summary_markdown(info: dict, report: dict, plots: list[Path], table: str = "") -> str:
+    lines = [f"# rcgrpo pipeline run {info.get('run_id', '')}", ""]
+    for key in ("profile", "data_version", "git_commit", "model_version", "mlflow_ui", "started"):
+        if info.get(key):
+            lines.append(f"- **{key.replace('_', ' ')}**: {info[key]}")
+    lines.append("")
+    runs = report.get("runs") or {}
+    if runs:
+        lines += ["## Held-out accuracy (first seed, %, Wilson 95%)", "",
+                  f"protocol `{report.get('protocol')}`, {report.get('n_tasks')} tasks", "",
+                  "| token | checker | pooled | category mean |", "|---|---|---|---|"]  # fmt: skip
+        for token, by_seed in sorted(runs.items()):
+            first = by_seed[min(by_seed, key=str)]
+            for checker, s in first.items():
+                lines.append(
+                    f"| {token} | {checker} | {_pct(s['pooled'])} | {_pct(s['category_mean'])} |"
+                )
+        for checker, gap in (report.get("gap") or {}).items():
+            lines.append(f"\ncontrollability gap ({checker}): {100 * gap['mean']:+.1f} points")
+        lines.append("")
+    lines += ["## The paper's Table 1 (pooled %, n = 80; one s.e. is about 4-5 points)", "",
+              "| method | Qwen2.5-7B | Llama-3.1-8B |", "|---|---|---|"]  # fmt: skip
+    lines += [f"| {m} | {q:.2f} | {ll:.2f} |" for m, (q, ll) in PAPER_TABLE1.items()]
+    lines.append("\nCompare like with like: the paper's rows are 7B/8B models; the `tiny` profile")
+    lines.append(
+        "only exercises the pipeline. The pooled `paper` checker row is the paper's metric."
+    )
+    if table:
+        lines += ["", "## Evaluation table", "", table]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(
+    out_dir: Path,
+    info: dict,
+    rl_history: dict[str, list[tuple[int, float]]] | None = None,
+    sft_history: dict[str, list[tuple[int, float]]] | None = None,
+    eval_report: dict | None = None,
+    table: str = "",
+) -> Path:
+    """Write plots and summary.md into `out_dir`; returns summary.md's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rl, sft, report = rl_history or {}, sft_history or {}, eval_report or {}
+    rewards = {k: rl.get(k, []) for k in ("reward/mean", "reward/mean_high", "reward/mean_low")}
+    plots = [
+        line_plot(rewards, "RL training reward", "reward", out / "reward.png"),
+        line_plot(
+            {"rollout/zero_variance_frac": rl.get("rollout/zero_variance_frac", [])},
+            "groups with zero reward variance (no GRPO signal)",
+            "fraction",
+            out / "zero_variance.png",
+        ),  # fmt: skip
+        line_plot(
+            {"sft/loss": sft.get("sft/loss", [])},
+            "fine-tuning loss",
+            "CE / token",
+            out / "sft_loss.png",
+        ),  # fmt: skip
+        accuracy_plot(report, out / "accuracy.png"),
+    ]
+    plots = [p for p in plots if p is not None]
+    summary = out / "summary.md"
+    summary.write_text(summary_markdown(info, report, plots, table))
+    (out / "info.json").write_text(json.dumps(info, indent=1, default=str))
+    return summary

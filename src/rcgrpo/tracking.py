@@ -1,0 +1,305 @@
+"""MLflow tracking and Model Registry: the one module of rcgrpo that imports mlflow.
+
+The store is an explicit SQLite database, `<project>/mlflow/mlflow.db`, with artifacts in
+`<project>/mlflow/artifacts` (the file store is deprecated; the `mlflow/` folder never holds a
+Python file, it would shadow the package). Telemetry is off (`rcgrpo.runtime.apply_defaults`).
+
+Every run records, as tags, the git commit of the code (`git.commit`, `git.dirty`), the DVC data
+version (`data.rev` = git revision of the last data.dvc commit, `data.md5` = md5 of the data/
+folder in data.dvc, `data.dirty`; read by rcgrpo.versioning) and its config (flattened into
+params, plus `config.json`). MLFLOW_TRACKING_URI=sqlite:///<dir>/mlflow.db, when set, moves the
+store (tests, scheduled runs in a sandbox).
+Runs nest by explicit parent run id, so stages running in Prefect worker threads or other
+processes still land under their pipeline's run. Metrics go through `MlflowClient` bound to a
+run id (thread-safe, no reliance on mlflow's thread-local "active run").
+
+    from rcgrpo import tracking
+    with tracking.start_run("pipeline", config=cfg) as run:
+        with tracking.start_run("rctp", config=rctp_cfg, parent_run_id=run.info.run_id) as st:
+            run_sft(..., log_metrics=tracking.metrics_logger(st.info.run_id))
+            tracking.log_artifact(st.info.run_id, "outputs/rctp/final", "model")
+            tracking.register_model(st.info.run_id, "model", "rcgrpo-rctp", metrics=...)
+
+    .venv/bin/pytest tests/test_tracking.py -q
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+
+from rcgrpo.runtime import apply_defaults, project_root
+
+EXPERIMENT = "rcgrpo"
+LogMetrics = Callable[[dict, int], None]
+
+
+def store_dir(root: Path | None = None) -> Path:
+    """The folder holding mlflow.db and artifacts/: <project>/mlflow, or the folder of the SQLite
+    file named by MLFLOW_TRACKING_URI when that is set (tests and scheduled runs use a temp store)."""
+    env = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if env.startswith("sqlite:///"):
+        return Path(env.removeprefix("sqlite:///")).parent
+    if env:
+        raise ValueError(
+            f"MLFLOW_TRACKING_URI={env!r}: rcgrpo expects sqlite:///<folder>/mlflow.db"
+        )
+    return Path(root or project_root()).resolve() / "mlflow"
+
+
+def tracking_uri(root: Path | None = None) -> str:
+    """sqlite:///<abs store dir>/mlflow.db (four slashes for an absolute path)."""
+    return f"sqlite:///{store_dir(root) / 'mlflow.db'}"
+
+
+def artifact_root(root: Path | None = None) -> Path:
+    return store_dir(root) / "artifacts"
+
+
+def configure(root: Path | None = None, experiment: str = EXPERIMENT) -> str:
+    """Point mlflow at the project's store, create the experiment if missing; its id."""
+    apply_defaults()
+    root = Path(root or project_root()).resolve()
+    store_dir(root).mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(tracking_uri(root))
+    mlflow.set_registry_uri(tracking_uri(root))
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(experiment)
+    if exp is not None:
+        exp_id = exp.experiment_id
+    else:
+        location = artifact_root(root) / experiment
+        exp_id = client.create_experiment(experiment, artifact_location=location.as_uri())
+    mlflow.set_experiment(experiment_id=exp_id)
+    return exp_id
+
+
+# -- versions of code and data ----------------------------------------------------------------
+
+
+def _git(root: Path, *args: str) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def code_version(root: Path | None = None) -> dict:
+    """{"commit": HEAD sha or "", "dirty": "true"|"false"} of the checkout."""
+    root = Path(root or project_root())
+    commit = _git(root, "rev-parse", "HEAD")
+    dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
+    return {"commit": commit or "unknown", "dirty": str(dirty).lower()}
+
+
+def data_version(root: Path | None = None) -> dict:
+    """{"rev", "md5", "dirty"} of data/ as strings, from issue 4's `rcgrpo.versioning` (the one
+    DVC touchpoint); "none" where data/ was never versioned."""
+    from rcgrpo.versioning import data_version as dv
+
+    v = dv(Path(root or project_root()))
+    return {
+        "rev": v.get("rev") or "none",
+        "md5": v.get("md5") or "none",
+        "dirty": str(bool(v.get("dirty"))).lower(),
+    }
+
+
+# -- runs -------------------------------------------------------------------------------------
+
+
+def _as_dict(config) -> dict:
+    if config is None:
+        return {}
+    if dataclasses.is_dataclass(config):
+        return dataclasses.asdict(config)
+    return dict(config)
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, str]:
+    """{"rl": {"lr": 1e-6}} -> {"rl.lr": "1e-06"}; lists/tuples as JSON, MLflow's 6000-char cap."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            text = json.dumps(list(value)) if isinstance(value, list | tuple) else str(value)
+            out[name] = text[:6000]
+    return out
+
+
+@contextlib.contextmanager
+def start_run(
+    name: str,
+    config=None,
+    parent_run_id: str | None = None,
+    root: Path | None = None,
+    tags: dict | None = None,
+    experiment: str = EXPERIMENT,
+) -> Iterator[mlflow.ActiveRun]:
+    """A run named `name` (nested under `parent_run_id` if given) with code/data versions and
+    config recorded; ends FINISHED, or FAILED if the block raises."""
+    root = Path(root or project_root()).resolve()
+    exp_id = configure(root, experiment)
+    config = _as_dict(config)
+    code, data = code_version(root), data_version(root)
+    all_tags = {
+        "git.commit": code["commit"],
+        "git.dirty": code["dirty"],
+        "data.rev": data["rev"],
+        "data.md5": data["md5"],
+        "data.dirty": data["dirty"],
+        "data.version": f"{data['rev'][:12]}:{data['md5']}",
+        **{k: str(v) for k, v in (tags or {}).items()},
+    }
+    client = MlflowClient()
+    if parent_run_id:
+        all_tags["mlflow.parentRunId"] = parent_run_id
+    all_tags["mlflow.runName"] = name
+    run = client.create_run(exp_id, tags=all_tags, run_name=name)
+    run_id = run.info.run_id
+    params = [Param(k, v) for k, v in flatten(config).items()]
+    for i in range(0, len(params), 100):  # log_batch takes at most 100 params per call
+        client.log_batch(run_id, params=params[i : i + 100])
+    if config:
+        log_dict(run_id, config, "config.json")
+    # mlflow.start_run(run_id=...) makes it the active run of this thread, so plain mlflow.*
+    # calls inside the block also land here; nesting is by the explicit parent tag above.
+    active = mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None)
+    status = "FAILED"
+    try:
+        yield active
+        status = "FINISHED"
+    finally:
+        mlflow.end_run(status)
+
+
+def log_metrics(run_id: str, metrics: dict, step: int = 0) -> None:
+    """Numeric entries of `metrics` at `step`; NaN/inf and non-numbers are skipped."""
+    now = int(time.time() * 1000)
+    batch = [
+        Metric(k, float(v), now, int(step))
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    ]
+    for i in range(0, len(batch), 1000):
+        MlflowClient().log_batch(run_id, metrics=batch[i : i + 1000])
+
+
+def metrics_logger(run_id: str) -> LogMetrics:
+    """A `log_metrics(metrics: dict, step: int)` callable for the trainers, bound to `run_id`."""
+
+    def log(metrics: dict, step: int) -> None:
+        log_metrics(run_id, metrics, step)
+
+    return log
+
+
+def log_params(run_id: str, params: dict) -> None:
+    batch = [Param(k, v) for k, v in flatten(params).items()]
+    for i in range(0, len(batch), 100):
+        MlflowClient().log_batch(run_id, params=batch[i : i + 100])
+
+
+def log_artifact(run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+    """A file, or a folder's contents, under `artifact_path` of the run."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"log_artifact: {path} does not exist (run {run_id})")
+    client = MlflowClient()
+    if path.is_dir():
+        client.log_artifacts(run_id, str(path), artifact_path)
+    else:
+        client.log_artifact(run_id, str(path), artifact_path)
+
+
+def artifact_logger(run_id: str, artifact_path: str | None = None) -> Callable[[str | Path], None]:
+    """A `log_artifact(path)` callable for the trainers, bound to `run_id`."""
+    return lambda path: log_artifact(run_id, path, artifact_path)
+
+
+def log_dict(run_id: str, data: dict, name: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        file = Path(tmp) / name
+        file.write_text(json.dumps(data, indent=1, default=str))
+        MlflowClient().log_artifact(run_id, str(file))
+
+
+def set_tags(run_id: str, tags: dict) -> None:
+    client = MlflowClient()
+    for key, value in tags.items():
+        client.set_tag(run_id, key, str(value))
+
+
+# -- Model Registry ---------------------------------------------------------------------------
+
+
+def register_model(
+    run_id: str,
+    artifact_path: str,
+    name: str,
+    config=None,
+    metrics: dict | None = None,
+    description: str = "",
+):
+    """A new version of registered model `name` whose source is `runs:/<run>/<artifact_path>`
+    (log the adapter folder there first), tagged with the run's data version, git commit, its
+    config (JSON) and `metrics` (one tag each). Returns the ModelVersion."""
+    client = MlflowClient()
+    run = client.get_run(run_id)
+    with contextlib.suppress(mlflow.exceptions.MlflowException):
+        client.create_registered_model(name)  # already exists: fine
+    tags = {
+        k: run.data.tags.get(k, "")
+        for k in ("data.rev", "data.md5", "data.version", "git.commit", "git.dirty")
+    }
+    tags["config"] = json.dumps(_as_dict(config), default=str)[:5000]
+    for key, value in (metrics or {}).items():
+        tags[f"metric.{key}"] = str(value)
+    source = f"{run.info.artifact_uri.rstrip('/')}/{artifact_path}"
+    return client.create_model_version(
+        name, source=source, run_id=run_id, tags=tags, description=description or None
+    )
+
+
+def child_runs(parent_run_id: str) -> list:
+    """Runs whose parent is `parent_run_id` (e.g. a pipeline's stage runs), oldest first."""
+    client = MlflowClient()
+    parent = client.get_run(parent_run_id)
+    runs = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
+        order_by=["attributes.start_time ASC"],
+    )
+    return list(runs)
+
+
+def metric_histories(run_id: str) -> dict[str, list[tuple[int, float]]]:
+    """Every metric of the run as {name: [(step, value), ...]} sorted by step (for plots)."""
+    client = MlflowClient()
+    names = client.get_run(run_id).data.metrics
+    return {
+        k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in names
+    }
+
+
+def run_url(run_id: str, host: str = "http://127.0.0.1:5000") -> str:
+    """Where the MLflow UI (`rcgrpo ui`) shows the run."""
+    run = MlflowClient().get_run(run_id)
+    return f"{host}/#/experiments/{run.info.experiment_id}/runs/{run_id}"

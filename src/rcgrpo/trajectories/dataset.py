@@ -1,0 +1,166 @@
+"""The dataset stage's config and the pure parts of a build: pick tasks, assemble, write files.
+
+`flows/build_dataset.py` runs these as Prefect tasks (experts -> failures -> label -> validate ->
+version); the functions here know nothing about Prefect, DVC or GX. Output (one folder, later
+swapped into `data/` whole):
+
+    rctp/{train,test}.jsonl   labelled mixed set (experts high + failures low, 1:1 by default)
+    sft/{train,test}.jsonl    experts, no reward goal (plain SFT baseline)
+    manifest.json             config, counts per split/label/generator, experts that failed
+
+Builds are deterministic: the same config gives the same bytes (and so the same DVC md5), which is
+why Provenance.created_at stays empty; a build's date is the git commit of data.dvc.
+
+    rcgrpo data build --set train_tasks=8 --set test_tasks=4
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from rcgrpo.bfcl.tasks import CATEGORIES, Task, tasks_in
+from rcgrpo.trajectories.failures import KINDS
+from rcgrpo.trajectories.record import SPLITS, Trajectory, write_jsonl
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """params.yaml `dataset:` section."""
+
+    root: str = ""  # project (git + DVC repo) root; "" = this checkout
+    data_dir: str = "data"  # the DVC-tracked folder, relative to root
+    remote: str = "dvc_remote"  # local DVC remote folder (relative to root or absolute)
+    docs_dir: str = "reports/data_docs"  # Great Expectations Data Docs (outside data/)
+    protocol: Literal["combined", "bfcl"] = "combined"  # prompt protocol of every trajectory
+    categories: tuple[str, ...] = CATEGORIES  # BFCL multi-turn categories to include
+    train_tasks: int = 0  # train tasks to use (0 = all 720); a seeded, category-stratified subset
+    test_tasks: int = 0  # test tasks to use (0 = all 80)
+    low_per_high: float = 1.0  # failures per expert in the mixed set (paper: 1:1)
+    balance_tolerance: float = 0.05  # allowed |high share - target| before validation fails
+    kinds: tuple[str, ...] = KINDS  # perturbation kinds (failure source b)
+    attempts: int = 4  # candidate perturbations tried per kind until one scores 0
+    # source (a): auto = on if the engine loads. YAML reads a bare on/off as a bool: accepted.
+    rollouts: Literal["auto", "on", "off"] | bool = "auto"
+    rollout_profile: str = "tiny"  # model profile whose base policy is rolled out
+    rollout_max_tokens: int = 1024  # token budget of one rollout episode (prompt included)
+    rollout_share: float = 0.5  # most of the low half taken from rollouts (rest perturbations)
+    commit: bool = True  # git-commit data.dvc after a valid build
+    push: bool = True  # dvc push to the remote after the commit
+    lock_timeout_s: float = 600.0  # wait at most this long for another build's lock
+    seed: int = 0  # task subset, perturbations, failure draw, row order
+
+    def __post_init__(self):
+        if isinstance(self.rollouts, bool):
+            object.__setattr__(self, "rollouts", "on" if self.rollouts else "off")
+        if self.low_per_high <= 0:
+            raise ValueError("dataset.low_per_high must be > 0: a mixed set needs failures")
+        if not 0 <= self.rollout_share <= 1:
+            raise ValueError("dataset.rollout_share must be in [0, 1]")
+        if unknown := sorted(set(self.kinds) - set(KINDS)):
+            raise ValueError(f"dataset.kinds: unknown {unknown}; known {list(KINDS)}")
+        if unknown := sorted(set(self.categories) - set(CATEGORIES)):
+            raise ValueError(f"dataset.categories: unknown {unknown}; known {list(CATEGORIES)}")
+
+    @property
+    def project(self) -> Path:
+        from rcgrpo.runtime import project_root
+
+        return Path(self.root).resolve() if self.root else project_root()
+
+    @property
+    def data_path(self) -> Path:
+        return self.project / self.data_dir
+
+    @property
+    def high_share(self) -> float:
+        """Target fraction of high rows in a mixed split (0.5 at 1:1)."""
+        return 1.0 / (1.0 + self.low_per_high)
+
+
+def load_config(overrides: dict | None = None, path: Path | None = None) -> DatasetConfig:
+    from rcgrpo.config import load_section
+
+    return load_section("dataset", DatasetConfig, path=path, overrides=overrides)
+
+
+def select_tasks(cfg: DatasetConfig, split: str) -> list[Task]:
+    """The split's tasks, or a seeded subset stratified round-robin over categories."""
+    tasks = tasks_in(split, tuple(cfg.categories))
+    n = cfg.train_tasks if split == "train" else cfg.test_tasks
+    if not n or n >= len(tasks):
+        return tasks
+    rng = random.Random(f"{cfg.seed}:{split}")
+    by_cat = {
+        c: rng.sample([t for t in tasks if t.category == c], k=sum(t.category == c for t in tasks))
+        for c in cfg.categories
+    }
+    picked: list[Task] = []
+    while len(picked) < n:
+        for c in cfg.categories:
+            if by_cat[c] and len(picked) < n:
+                picked.append(by_cat[c].pop())
+    return sorted(picked, key=lambda t: (t.category, t.number))
+
+
+def counts(rows: list[Trajectory]) -> dict:
+    """{"high": n, "low": n, "generators": {...}} of one file."""
+    labels = Counter("high" if r.paper_reward == 1 else "low" for r in rows)
+    return {
+        "rows": len(rows),
+        "high": labels["high"],
+        "low": labels["low"],
+        "generators": dict(sorted(Counter(r.provenance.generator for r in rows).items())),
+    }
+
+
+def write_dataset(
+    out: Path, rctp: dict[str, list], sft: dict[str, list], cfg: DatasetConfig, expert_failures
+) -> dict:
+    """Write every file of one build into `out` and return the manifest."""
+    files = {}
+    for split in SPLITS:
+        for name, sets in (("rctp", rctp), ("sft", sft)):
+            rel = f"{name}/{split}.jsonl"
+            write_jsonl(out / rel, sets[split])
+            files[rel] = counts(sets[split])
+    manifest = {
+        "config": {
+            k: v
+            for k, v in asdict(cfg).items()
+            if k not in ("root", "lock_timeout_s", "commit", "push")
+        },
+        "files": files,
+        "expert_failures": expert_failures,  # ground truths that did not score 1, by task id
+    }
+    tmp = out / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True, default=list) + "\n")
+    tmp.replace(out / "manifest.json")
+    return manifest
+
+
+def build_folder(cfg: DatasetConfig, out: Path, rollouts: dict | None = None) -> dict:
+    """The flow's generate -> label -> write stages as plain Python (no Prefect), for tests and
+    notebooks: writes one build into `out` and returns its manifest. rollouts: split -> records."""
+    from rcgrpo.trajectories.experts import generate_experts
+    from rcgrpo.trajectories.failures import generate_perturbations
+    from rcgrpo.trajectories.labels import low_half, mixed_set, sft_set
+
+    rctp, sft, failed = {}, {}, []
+    for split in SPLITS:
+        tasks = select_tasks(cfg, split)
+        report = generate_experts(tasks, split, cfg.protocol)
+        perturbed = generate_perturbations(
+            tasks, split, cfg.protocol, cfg.seed, cfg.kinds, cfg.attempts
+        )
+        n_low = round(len(report.experts) * cfg.low_per_high)
+        lows = low_half(
+            (rollouts or {}).get(split, []), perturbed, n_low, cfg.rollout_share, cfg.seed
+        )
+        rctp[split], sft[split] = mixed_set(report.experts, lows, cfg.seed), sft_set(report.experts)
+        failed += report.failed
+    return write_dataset(Path(out), rctp, sft, cfg, failed)

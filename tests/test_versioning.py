@@ -1,0 +1,183 @@
+"""DVC versioning in a throw-away git + DVC project (never the real checkout): publish commits
+only data.dvc, versions lists every build, rollback restores byte for byte and rolls forward,
+a missing cache is pulled from the local remote, and the lock makes a second writer wait or fail.
+
+    .venv/bin/pytest tests/test_versioning.py -q
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+
+import pytest
+
+from rcgrpo.trajectories.dataset import DatasetConfig, build_folder
+from rcgrpo.versioning import (
+    BuildLocked,
+    VersioningError,
+    build_lock,
+    data_version,
+    file_md5s,
+    init_project,
+    publish,
+    rollback,
+    staging_dir,
+    versions,
+)
+
+
+def git(root, *args):
+    return subprocess.run(
+        ["git", "-C", str(root), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def make_project(root):
+    """git init + an unrelated file + dvc init with the offline defaults, committed."""
+    root.mkdir(parents=True, exist_ok=True)
+    git(root, "init", "-q", "-b", "main")
+    git(root, "config", "user.email", "test@example.com")
+    git(root, "config", "user.name", "test")
+    (root / "README.md").write_text("a project\n")
+    (root / ".gitignore").write_text("/dvc_remote/\n")
+    git(root, "add", "README.md", ".gitignore")
+    git(root, "commit", "-q", "-m", "init")
+    init_project(root, "dvc_remote")
+    git(root, "add", ".dvc", ".dvcignore")
+    git(root, "commit", "-q", "-m", "dvc init")
+    return root
+
+
+def built(root, seed: int):
+    """A finished build in a staging folder of `root`, and its file md5s."""
+    folder = staging_dir(root)
+    build_folder(DatasetConfig(train_tasks=8, test_tasks=4, rollouts="off", seed=seed), folder)
+    return folder, file_md5s(folder)
+
+
+@pytest.fixture
+def project(tmp_path):
+    return make_project(tmp_path / "proj")
+
+
+def test_offline_dvc_config_is_committed(project):
+    config = (project / ".dvc" / "config").read_text()
+    assert "analytics = False" in config and "site_cache_dir" in config
+    assert "../dvc_remote" in config
+    assert not git(project, "status", "--porcelain", ".dvc")
+
+
+def test_publish_commits_only_data_dvc_and_pushes(project):
+    (project / "README.md").write_text("someone's uncommitted edit\n")
+    folder, md5s = built(project, 0)
+    result = publish(folder, project)
+    assert result["rev"] == git(project, "rev-parse", "HEAD") and result["changed"]
+    committed = git(project, "show", "--name-only", "--format=", "HEAD").split()
+    assert set(committed) <= {"data.dvc", ".gitignore"} and "data.dvc" in committed
+    assert git(project, "status", "--porcelain", "README.md")  # still uncommitted
+    assert file_md5s(project / "data") == md5s and not folder.exists()
+    assert any((project / "dvc_remote" / "files" / "md5").rglob("*.dir"))  # pushed
+    v = data_version(project)
+    assert v == {"rev": result["rev"], "md5": result["md5"], "dirty": False}
+    # the same bytes again: no new commit, same version
+    again, _ = built(project, 0)
+    assert publish(again, project)["changed"] is False
+    assert len(versions(project)) == 1
+
+
+def test_rollback_v1_v2_v1_byte_for_byte_and_forward(project):
+    f1, md5s1 = built(project, 0)
+    v1 = publish(f1, project)
+    f2, md5s2 = built(project, 1)
+    v2 = publish(f2, project)
+    assert md5s1 != md5s2
+
+    listed = versions(project)
+    assert [v["rev"] for v in listed] == [v2["rev"], v1["rev"]]
+    assert listed[0]["checked_out"] and not listed[1]["checked_out"]
+    assert listed[1]["rows"]["rctp/train.jsonl"] == {"high": 8, "low": 8}
+    assert listed[1]["date"] and listed[1]["md5"] == v1["md5"]
+
+    change = rollback(v1["rev"][:8], project)
+    assert file_md5s(project / "data") == md5s1
+    assert change["md5"] == v1["md5"] and change["previous_md5"] == v2["md5"]
+    assert "rctp/train.jsonl" in change["modified"] and not change["added"]
+    assert data_version(project)["dirty"]  # data.dvc now differs from HEAD (v2)
+
+    rollback(v2["rev"], project)
+    assert file_md5s(project / "data") == md5s2
+    assert not data_version(project)["dirty"]
+
+
+def test_rollback_pulls_from_the_remote_when_the_cache_is_gone(project):
+    f1, md5s1 = built(project, 0)
+    v1 = publish(f1, project)
+    f2, _ = built(project, 1)
+    publish(f2, project)
+    shutil.rmtree(project / ".dvc" / "cache")
+    rollback(v1["rev"], project)
+    assert file_md5s(project / "data") == md5s1
+
+
+def test_bad_revision_fails_clearly(project):
+    with pytest.raises(VersioningError, match="not a git revision"):
+        rollback("no-such-rev", project)
+    first = git(project, "rev-list", "--max-parents=0", "HEAD")
+    with pytest.raises(VersioningError, match="holds no dataset version"):
+        rollback(first, project)
+
+
+def test_second_writer_fails_clearly_while_locked_and_loses_nothing(project):
+    f1, md5s1 = built(project, 0)
+    publish(f1, project)
+    f2, _ = built(project, 1)
+    with build_lock(project), pytest.raises(BuildLocked, match="holds .*rcgrpo-build.lock"):
+        publish(f2, project, lock_timeout=0.5)
+    assert file_md5s(project / "data") == md5s1 and f2.exists()  # nothing swapped, nothing lost
+
+
+def test_second_writer_waits_for_the_lock(project):
+    f2, md5s2 = built(project, 1)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with build_lock(project):
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    waiter = threading.Thread(target=lambda: publish(f2, project, lock_timeout=30))
+    waiter.start()
+    waiter.join(1.0)
+    assert waiter.is_alive()  # waiting, not failing
+    release.set()
+    waiter.join(60)
+    holder.join()
+    assert file_md5s(project / "data") == md5s2
+
+
+def test_cli_versions_and_rollback(project):
+    from typer.testing import CliRunner
+
+    from rcgrpo.cli.data import app
+
+    f1, md5s1 = built(project, 0)
+    v1 = publish(f1, project)
+    f2, _ = built(project, 1)
+    publish(f2, project)
+    runner = CliRunner()
+    listed = runner.invoke(app, ["versions", "--root", str(project)])
+    assert listed.exit_code == 0 and v1["rev"][:10] in listed.output
+    assert "rctp/train.jsonl: 8/8" in listed.output
+    back = runner.invoke(app, ["rollback", v1["rev"], "--root", str(project)])
+    assert back.exit_code == 0, back.output
+    assert "modified: " in back.output and "rctp/train.jsonl" in back.output
+    assert file_md5s(project / "data") == md5s1
+    wrong = runner.invoke(app, ["rollback", "nope", "--root", str(project)])
+    assert wrong.exit_code == 1 and "not a git revision" in wrong.output
+    bad_key = runner.invoke(app, ["build", "--set", "no_such_key=1"])
+    assert bad_key.exit_code == 2 and "no_such_key" in bad_key.output
