@@ -173,7 +173,8 @@ def main(argv: list[str]) -> None:
         env = {**os.environ, "PYTHONPATH": str(proj / "src"), "GIT_AUTHOR_NAME": "bench",
                "GIT_AUTHOR_EMAIL": "bench@localhost", "GIT_COMMITTER_NAME": "bench",
                "GIT_COMMITTER_EMAIL": "bench@localhost"}  # fmt: skip
-        env.pop("MLFLOW_TRACKING_URI", None)
+        for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):  # mlflow.set_*_uri export them
+            env.pop(key, None)
         cmd = [sys.executable, str(proj / "bench" / "overhead.py"), "--worker"]
         for s in sets:
             cmd += ["--set", s]

@@ -78,6 +78,7 @@ def pipeline_flow(
     unknown = sorted(set(stages) - set(STAGES))
     if unknown or init not in ("rctp", "sft"):
         raise ValueError(f"stages {unknown} / init {init!r}: expected {STAGES} and rctp|sft")
+    check_configs(ov, stages, init)  # a typo fails here, before any run is opened
     config = {k: {**(params.get(k) or {}), **ov.get(k, {})} if isinstance(params.get(k), dict)
               else params.get(k) for k in params if k != "pipeline"}  # fmt: skip
     config["pipeline"] = {"stages": stages, "init": init, "overrides": ov}
@@ -126,6 +127,24 @@ def pipeline_flow(
         )  # fmt: skip
     print(json.dumps(out, indent=1, default=str))
     return out
+
+
+def check_configs(ov: dict, stages: list[str], init: str) -> None:
+    """Build every stage's config from params.yaml + overrides (raises ConfigError on a typo)."""
+    from flows.evaluate import eval_config
+    from flows.train import model_config, rollout_config, stage_config
+    from rcgrpo.trajectories.dataset import load_config
+
+    model_config(ov.get("model"))
+    rollout_config(ov.get("rollout"))
+    if "data" in stages:
+        load_config(ov.get("dataset"))
+    if "finetune" in stages:
+        stage_config(init, ov.get(init))
+    if "rl" in stages:
+        stage_config("rl", {**ov.get("rl", {}), "init": init})
+    if "eval" in stages:
+        eval_config(ov.get("eval"))
 
 
 def _counts(counts: dict, prefix: str = "data") -> dict:

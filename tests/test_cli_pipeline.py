@@ -41,3 +41,16 @@ def test_set_overrides_are_sectioned_yaml_values():
 def test_set_without_section_or_value_is_refused(bad):
     with pytest.raises(typer.BadParameter, match="section.key=value"):
         _overrides([bad])
+
+
+def test_a_typo_in_an_override_fails_before_any_run_is_opened():
+    from rcgrpo.config import ConfigError
+    from rcgrpo.runtime import project_root
+
+    if str(project_root()) not in sys.path:
+        sys.path.insert(0, str(project_root()))
+    from flows.pipeline import check_configs
+
+    check_configs({"rl": {"steps": 2}, "eval": {"limit": 1}}, ["finetune", "rl", "eval"], "rctp")
+    with pytest.raises(ConfigError, match="bogus"):
+        check_configs({"rl": {"bogus": 1}}, ["rl"], "rctp")

@@ -39,7 +39,8 @@ def test_repro_reruns_only_what_changed_and_exp_run_ablation(tmp_path):
            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
-    env.pop("MLFLOW_TRACKING_URI", None)
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):  # mlflow.set_*_uri export them
+        env.pop(key, None)
     params = yaml.safe_load((proj / "params.yaml").read_text())
     params["rctp"]["epochs"] = 1
     params["rl"].update(steps=1, tasks_per_step=2, group_size=2)

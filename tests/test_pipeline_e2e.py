@@ -59,7 +59,8 @@ def test_main_command_on_tiny_profile(prefect_server, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(proj / "src"), "PREFECT_API_URL": PREFECT_API_URL.value(),
            "GIT_AUTHOR_NAME": "e2e", "GIT_AUTHOR_EMAIL": "e2e@localhost",
            "GIT_COMMITTER_NAME": "e2e", "GIT_COMMITTER_EMAIL": "e2e@localhost"}  # fmt: skip
-    env.pop("MLFLOW_TRACKING_URI", None)
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):  # mlflow.set_*_uri export them
+        env.pop(key, None)
     cmd = [sys.executable, "-m", "rcgrpo.cli", "run", "--profile", "tiny"]
     for pair in TINY:
         cmd += ["--set", pair]
@@ -77,7 +78,8 @@ def test_main_command_on_tiny_profile(prefect_server, tmp_path):
     # MLflow: the pipeline run with nested stage runs, metrics and artifacts
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{proj}/mlflow/mlflow.db")
+    uri = f"sqlite:///{proj}/mlflow/mlflow.db"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)  # explicit: no process default
     exp = client.get_experiment_by_name("rcgrpo")
     runs = client.search_runs([exp.experiment_id])
     pipeline = next(r for r in runs if r.info.run_name == "pipeline")
@@ -100,7 +102,9 @@ def test_main_command_on_tiny_profile(prefect_server, tmp_path):
     assert {"report/summary.md", "report/accuracy.png", "report/reward.png"} <= set(report_files)
 
     # Model Registry: the RL model, tagged with data version, config and eval metrics
-    mv = client.get_model_version("rcgrpo", "1")
+    versions = client.search_model_versions("name = 'rcgrpo'")
+    assert [int(v.version) for v in versions] == [1], text[-4000:]
+    mv = versions[0]
     assert mv.run_id == rl_id and mv.tags["data.md5"] == dvc_md5
     assert json.loads(mv.tags["config"])["rl"]["steps"] == 2
     assert "metric.eval/bfcl/high/pooled" in mv.tags

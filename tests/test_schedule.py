@@ -4,6 +4,7 @@ a triggered run of it completes and leaves its MLflow pipeline run in a temp sto
 
 The run uses the tiniest parameterisation (stages=[]: open the pipeline's MLflow run, record
 versions, write the report) so it completes in seconds; the e2e test runs the real stages.
+~20-30 s with the server start-up on 2 cores: marked slow.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def test_served_deployment_has_cron_and_a_triggered_run_completes(server, tmp_pa
     reports = tmp_path / "reports"
     env = {**os.environ, "PREFECT_API_URL": server,
            "MLFLOW_TRACKING_URI": f"sqlite:///{store}/mlflow.db"}  # fmt: skip
+    env.pop("MLFLOW_REGISTRY_URI", None)  # exported by mlflow.set_registry_uri in other tests
     params = f'{{"stages": [], "report_root": "{reports}"}}'
     log = (tmp_path / "serve.log").open("w")
     serve = subprocess.Popen(

@@ -110,3 +110,15 @@ def test_metrics_skip_non_numbers(project):
             run.info.run_id, {"a": 1, "b": float("nan"), "c": "text", "d": True}, 0
         )
     assert set(MlflowClient().get_run(run.info.run_id).data.metrics) == {"a"}
+
+
+def test_mlflow_tracking_uri_moves_the_store(mlflow_store):
+    """MLFLOW_TRACKING_URI (set by the fixture, as a scheduled sandbox would) wins over the
+    project's mlflow/ when no root is given: runs, artifacts and registry all go there."""
+    with tracking.start_run("env-probe", config={"a": 1}) as run:
+        tracking.log_metrics(run.info.run_id, {"x": 2.0}, 0)
+    assert (mlflow_store / "mlflow.db").exists()
+    client = MlflowClient(f"sqlite:///{mlflow_store}/mlflow.db")
+    got = client.get_run(run.info.run_id)
+    assert got.data.metrics == {"x": 2.0}
+    assert got.info.artifact_uri.startswith((mlflow_store / "artifacts").as_uri())

@@ -1,7 +1,7 @@
 """`rcgrpo ui` starts the MLflow UI and the Prefect UI on 127.0.0.1, both answer, Ctrl-C stops both.
 
-Runs on free ports with a temp MLflow store and PREFECT_HOME (~30-40 s on 2 cores: two servers
-start, the Prefect one migrates a fresh SQLite database).
+Runs on free ports with a temp MLflow store and PREFECT_HOME (~10-15 s on 2 cores: two servers
+start, the Prefect one migrates a fresh SQLite database), so it is not marked slow.
 """
 
 from __future__ import annotations
@@ -13,10 +13,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-
-import pytest
-
-pytestmark = pytest.mark.slow
 
 
 def _free_port() -> int:

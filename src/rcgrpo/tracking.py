@@ -47,8 +47,12 @@ LogMetrics = Callable[[dict, int], None]
 
 
 def store_dir(root: Path | None = None) -> Path:
-    """The folder holding mlflow.db and artifacts/: <project>/mlflow, or the folder of the SQLite
-    file named by MLFLOW_TRACKING_URI when that is set (tests and scheduled runs use a temp store)."""
+    """The folder holding mlflow.db and artifacts/: <root>/mlflow for an explicit `root`; else
+    the folder of the SQLite file named by MLFLOW_TRACKING_URI when that is set (tests and
+    scheduled runs use a temp store; note mlflow.set_tracking_uri also sets it, for subprocesses);
+    else <project>/mlflow."""
+    if root is not None:
+        return Path(root).resolve() / "mlflow"
     env = os.environ.get("MLFLOW_TRACKING_URI", "")
     if env.startswith("sqlite:///"):
         return Path(env.removeprefix("sqlite:///")).parent
@@ -56,7 +60,7 @@ def store_dir(root: Path | None = None) -> Path:
         raise ValueError(
             f"MLFLOW_TRACKING_URI={env!r}: rcgrpo expects sqlite:///<folder>/mlflow.db"
         )
-    return Path(root or project_root()).resolve() / "mlflow"
+    return project_root().resolve() / "mlflow"
 
 
 def tracking_uri(root: Path | None = None) -> str:
@@ -71,10 +75,11 @@ def artifact_root(root: Path | None = None) -> Path:
 def configure(root: Path | None = None, experiment: str = EXPERIMENT) -> str:
     """Point mlflow at the project's store, create the experiment if missing; its id."""
     apply_defaults()
-    root = Path(root or project_root()).resolve()
-    store_dir(root).mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(tracking_uri(root))
-    mlflow.set_registry_uri(tracking_uri(root))
+    store = store_dir(root)
+    store.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)  # the Model Registry lives in the same database
     client = MlflowClient()
     exp = client.get_experiment_by_name(experiment)
     if exp is not None:
@@ -155,10 +160,10 @@ def start_run(
 ) -> Iterator[mlflow.ActiveRun]:
     """A run named `name` (nested under `parent_run_id` if given) with code/data versions and
     config recorded; ends FINISHED, or FAILED if the block raises."""
-    root = Path(root or project_root()).resolve()
-    exp_id = configure(root, experiment)
+    exp_id = configure(root, experiment)  # root None: MLFLOW_TRACKING_URI or the project's
+    project = Path(root or project_root()).resolve()
     config = _as_dict(config)
-    code, data = code_version(root), data_version(root)
+    code, data = code_version(project), data_version(project)
     all_tags = {
         "git.commit": code["commit"],
         "git.dirty": code["dirty"],

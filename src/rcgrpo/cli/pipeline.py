@@ -71,7 +71,7 @@ def run(
     overrides = _overrides(set_)
     if profile:
         overrides.setdefault("model", {})["profile"] = profile
-    root = _enter_project()
+    _enter_project()
     api = _use_running_prefect()
     from flows.pipeline import pipeline_flow
     from rcgrpo.config import ConfigError
@@ -92,7 +92,7 @@ def run(
         f"  model version    {out.get('model_version', '-')} (MLflow Model Registry)",
         f"  evaluation table {out.get('eval', {}).get('table', '-')}",
         f"  report           {out['report']}",
-        f"  MLflow store     {tracking.tracking_uri(root)}",
+        f"  MLflow store     {tracking.tracking_uri()}",
         f"  MLflow UI        {tracking.run_url(out['run_id'])}   (start it: rcgrpo ui)",
         f"  Prefect          {api}   (UI: http://127.0.0.1:4200 with rcgrpo ui)",
     ]
@@ -105,12 +105,12 @@ def ui(
     timeout: float = typer.Option(180.0, help="seconds to wait for both to answer"),
 ) -> None:
     """Start the MLflow UI and the Prefect UI on 127.0.0.1 (2-core settings); Ctrl-C stops both."""
-    root = _enter_project()
+    _enter_project()
     from rcgrpo import servers, tracking
 
     typer.echo("starting the MLflow UI and the Prefect server (about 15-30 s on 2 cores) ...")
     started = [
-        servers.start_mlflow(tracking.store_dir(root), mlflow_port),
+        servers.start_mlflow(tracking.store_dir(), mlflow_port),
         servers.start_prefect(prefect_port),
     ]
     try:
