@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import torch
+from toy_models import tiny_llama
 
 from rcgrpo.sft import SFTConfig, batch_schedule, goal_for, select, summed_ce, train_sft
 from rcgrpo.trajectories.record import HIGH, LOW, Provenance, Trajectory
 
 
 def tiny_model(seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(config).eval()
+    return tiny_llama(32, seed)
 
 
 def examples(n=8):

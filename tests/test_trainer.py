@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from toy_models import tiny_llama
 
 from rcgrpo.grpo.trainer import RLConfig, Trainer
 from rcgrpo.trajectories.record import HIGH, LOW
@@ -14,19 +15,7 @@ V, TARGET = 16, 7  # vocabulary; a rollout succeeds if it samples TARGET
 
 
 def tiny_policy(seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=V,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return SimpleNamespace(model=LlamaForCausalLM(config).eval(), tokenizer=None)
+    return SimpleNamespace(model=tiny_llama(V, seed), tokenizer=None)
 
 
 class ToyEngine:
