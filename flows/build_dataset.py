@@ -1,6 +1,7 @@
 """Prefect flow: build the quality-labelled trajectory dataset and version it with DVC.
 
-experts -> failures (perturbations; rollouts of the base policy when enabled) -> label ->
+experts -> failures (perturbations; rollouts of the base policy, by default params.yaml
+`model:`, when enabled; only failures of tool calling are kept, see failures.refusal) -> label ->
 write (into a staging folder) -> validate (Great Expectations) -> version (swap into data/,
 dvc add, git commit data.dvc) -> push. A failing suite raises before versioning, so data/ and
 data.dvc keep the previous version, checked out. Retries only on the I/O tasks (write, push).
@@ -63,14 +64,19 @@ def generate_perturbations(cfg: DatasetConfig, split: str, tasks):
 
 
 @task(cache_policy=NONE)
-def generate_rollouts(cfg: DatasetConfig, tasks_by_split: dict) -> dict:
-    """Failure source (a): base-policy rollouts of every split's tasks (one model load).
-    rollouts=auto skips, with a warning, when the engine or model cannot be loaded."""
-    from rcgrpo.trajectories.failures import rollout_failures
+def generate_rollouts(
+    cfg: DatasetConfig, tasks_by_split: dict, model_overrides: dict | None = None
+) -> tuple[dict, dict | None]:
+    """Failure source (a): base-policy rollouts of every split's tasks (one model load), screened
+    by failures.refusal. Returns (split -> usable records, the manifest's rollouts summary or
+    None when none were tried). rollouts=auto skips, with a warning, when the engine or model
+    cannot be loaded. The policy is dataset.rollout_model: params.yaml `model:` by default."""
+    from rcgrpo.trajectories.dataset import rollout_model
+    from rcgrpo.trajectories.failures import RolloutReport, rollout_failures
 
     logger = get_run_logger()
     if cfg.rollouts == "off":
-        return {}
+        return {}, None
     # Only as many tasks as the low half can take from rollouts (a seeded subset): a CPU
     # rollout costs seconds, and the rest of the low half comes from perturbations anyway.
     tasks = []
@@ -79,40 +85,47 @@ def generate_rollouts(cfg: DatasetConfig, tasks_by_split: dict) -> dict:
             len(split_tasks), math.ceil(len(split_tasks) * cfg.low_per_high * cfg.rollout_share)
         )
         tasks += random.Random(f"{cfg.seed}:rollouts:{split}").sample(list(split_tasks), k)
+    model = rollout_model(cfg, model_overrides)  # a params.yaml typo fails, even under auto
     try:
-        records = rollout_failures(
-            tasks, cfg.protocol, cfg.seed, cfg.rollout_profile, cfg.rollout_max_tokens
-        )
+        report = rollout_failures(tasks, cfg.protocol, cfg.seed, model, cfg.rollout_max_tokens)
     except Exception as e:
         if cfg.rollouts == "on":
             raise
         logger.warning("rollouts=auto: engine unavailable (%s); perturbations only", e)
-        return {}
+        who = {"profile": model.profile, "path": model.path, "seed": model.seed}
+        skipped = RolloutReport(model=who)
+        return {}, {**skipped.summary(), "skipped": f"{type(e).__name__}: {e}"}
+    refused = {k: v for k, v in report.refused.items() if v}
     logger.info(
-        "rollouts: %d of %d tasks failed (reward 0) and are usable", len(records), len(tasks)
-    )
-    return {split: [r for r in records if r.split == split] for split in tasks_by_split}
+        "rollouts of %s: %d tried, %d kept as failures, %d refused (%s)",
+        model.path or model.profile, report.tried, len(report.records),
+        sum(refused.values()), ", ".join(f"{k}: {v}" for k, v in refused.items()) or "none",
+    )  # fmt: skip
+    by_split = {split: [r for r in report.records if r.split == split] for split in tasks_by_split}
+    return by_split, report.summary()
 
 
 @task(cache_policy=NONE)
 def label(cfg: DatasetConfig, experts, rollouts, perturbed):
+    from rcgrpo.trajectories.failures import is_usable_failure
     from rcgrpo.trajectories.labels import low_half, mixed_set, sft_set
 
     n_low = round(len(experts) * cfg.low_per_high)
-    lows = low_half(rollouts, perturbed, n_low, cfg.rollout_share, cfg.seed)
+    usable = [r for r in rollouts if is_usable_failure(r)]  # the rule, wherever lows are chosen
+    lows = low_half(usable, perturbed, n_low, cfg.rollout_share, cfg.seed)
     if len(lows) < n_low:
         get_run_logger().warning("only %d failures for %d wanted: unbalanced", len(lows), n_low)
     return mixed_set(experts, lows, cfg.seed), sft_set(experts)
 
 
 @task(cache_policy=NONE, retries=2, retry_delay_seconds=2)
-def write(cfg: DatasetConfig, rctp, sft, expert_failures) -> Path:
+def write(cfg: DatasetConfig, rctp, sft, expert_failures, rollouts: dict | None = None) -> Path:
     from rcgrpo.trajectories.dataset import write_dataset
     from rcgrpo.versioning import staging_dir
 
     folder = staging_dir(cfg.project)
     try:
-        manifest = write_dataset(folder, rctp, sft, cfg, expert_failures)
+        manifest = write_dataset(folder, rctp, sft, cfg, expert_failures, rollouts)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)  # a retry starts from a fresh folder
         raise
@@ -197,22 +210,29 @@ def publish_dataset_flow(
 
 
 @flow(name="build-dataset", log_prints=True)
-def build_dataset_flow(cfg: DatasetConfig | None = None, overrides: dict | None = None) -> dict:
-    """Build, validate and version the dataset; returns rev, md5 and the files' counts.
+def build_dataset_flow(
+    cfg: DatasetConfig | None = None,
+    overrides: dict | None = None,
+    model_overrides: dict | None = None,
+) -> dict:
+    """Build, validate and version the dataset; returns rev, md5, the files' counts and the
+    rollouts summary.
 
-    cfg: the `dataset:` config (default: params.yaml); overrides: fields replaced on top.
+    cfg: the `dataset:` config (default: params.yaml); overrides: fields replaced on top;
+    model_overrides: on top of params.yaml `model:`, the policy rolled out by default.
     """
     cfg = _config(cfg, overrides)
     prepare(cfg)
     rctp, sft, expert_failures, made = {}, {}, [], {}
     for split in ("train", "test"):
         made[split] = generate_experts(cfg, split)
-    rollouts = generate_rollouts(cfg, {split: tasks for split, (tasks, _) in made.items()})
+    tasks_by_split = {split: tasks for split, (tasks, _) in made.items()}
+    rollouts, rollout_summary = generate_rollouts(cfg, tasks_by_split, model_overrides)
     for split, (tasks, report) in made.items():
         perturbed = generate_perturbations(cfg, split, tasks)
         rctp[split], sft[split] = label(cfg, report.experts, rollouts.get(split, []), perturbed)
         expert_failures += report.failed
-    folder = write(cfg, rctp, sft, expert_failures)
+    folder = write(cfg, rctp, sft, expert_failures, rollout_summary)
     validate(cfg, folder)
     result = version(cfg, folder)
     if cfg.push:
@@ -222,7 +242,12 @@ def build_dataset_flow(cfg: DatasetConfig | None = None, overrides: dict | None 
         for name, sets in (("rctp", rctp), ("sft", sft))
         for split, rows in sets.items()
     }
-    return {**result, "counts": counts, "expert_failures": expert_failures}
+    return {
+        **result,
+        "counts": counts,
+        "expert_failures": expert_failures,
+        "rollouts": rollout_summary,
+    }
 
 
 if __name__ == "__main__":

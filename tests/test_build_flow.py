@@ -1,6 +1,7 @@
 """The Prefect build flow end to end, in a throw-away git + DVC project, under one real Prefect
-test server: a run gives a validated, versioned, balanced dataset (with base-policy rollouts
-among the failures); a failing suite stops before versioning and leaves the previous version
+test server: a run gives a validated, versioned, balanced dataset (base-policy rollouts of the
+policy's own profile tried, screened by failures.refusal and counted in the manifest; the tiny
+random policy's prose is refused, perturbations fill the low half); a failing suite stops before versioning and leaves the previous version
 checked out; two builds at once serialize on the lock without corrupting data/.
 
     .venv/bin/pytest tests/test_build_flow.py -q
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from rcgrpo.config import read_params
 from rcgrpo.trajectories.dataset import DatasetConfig
+from rcgrpo.trajectories.failures import is_usable_failure
 from rcgrpo.trajectories.record import HIGH, LOW, read_jsonl
 from rcgrpo.validation.runner import ValidationFailed
 from rcgrpo.versioning import data_version, file_md5s, listing, versions
@@ -56,8 +59,9 @@ def test_flow_builds_a_validated_versioned_balanced_dataset(v1):
     train = read_jsonl(root / "data" / "rctp" / "train.jsonl")
     assert Counter(r.reward_token for r in train) == {HIGH: 8, LOW: 8}
     generators = Counter(r.provenance.generator for r in train)
-    assert generators["expert"] == 8 and generators["rollout"] == 4  # rollout_share 0.5
+    assert generators["expert"] == 8 and generators["rollout"] <= 4  # rollout_share 0.5
     assert any(g.startswith("perturbation:") for g in generators)
+    assert all(is_usable_failure(r) for r in train if r.paper_reward == 0)
     assert Counter(r.paper_reward for r in read_jsonl(root / "data/rctp/test.jsonl")) == {
         1: 4,
         0: 4,
@@ -66,6 +70,12 @@ def test_flow_builds_a_validated_versioned_balanced_dataset(v1):
     assert (root / "reports" / "data_docs" / "index.html").exists()
     manifest = json.loads((root / "data" / "manifest.json").read_text())
     assert manifest["expert_failures"] == [] and manifest["config"]["seed"] == 0
+    # rollout_profile "" resolves to the policy's own profile (params.yaml model.profile)
+    assert manifest["config"]["rollout_profile"] == read_params()["model"]["profile"]
+    rollouts = manifest["rollouts"]
+    assert rollouts == result["rollouts"] and rollouts["tried"] == 6  # 4 train + 2 test tasks
+    assert rollouts["tried"] == rollouts["kept"] + sum(rollouts["refused"].values())
+    assert generators["rollout"] <= rollouts["kept"]
     (listed,) = versions(root)
     assert listed["rows"]["rctp/train.jsonl"] == {"high": 8, "low": 8}
     assert not list((root / ".dvc" / "tmp").glob("rcgrpo-staging-*"))  # nothing left half-done

@@ -140,4 +140,8 @@ def test_build_is_deterministic_and_seed_sensitive(tmp_path):
     assert digest(tmp_path / "a") != digest(tmp_path / "c")
     assert manifest["files"]["rctp/train.jsonl"]["high"] == 8
     assert manifest["files"]["rctp/train.jsonl"]["low"] == 8
+    assert (
+        manifest["rollouts"]["tried"] == 0 and manifest["rollouts"]["model"] is None
+    )  # none given
+    assert manifest["config"]["rollout_profile"] == ""  # nothing rolled out: nothing resolved
     assert len(read_jsonl(tmp_path / "a" / "sft" / "test.jsonl")) == 4

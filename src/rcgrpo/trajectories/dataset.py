@@ -6,7 +6,8 @@ swapped into `data/` whole):
 
     rctp/{train,test}.jsonl   labelled mixed set (experts high + failures low, 1:1 by default)
     sft/{train,test}.jsonl    experts, no reward goal (plain SFT baseline)
-    manifest.json             config, counts per split/label/generator, experts that failed
+    manifest.json             config, counts per split/label/generator, experts that failed,
+                              rollouts tried / kept / refused by reason and the model rolled out
 
 Builds are deterministic: the same config gives the same bytes (and so the same DVC md5), which is
 why Provenance.created_at stays empty; a build's date is the git commit of data.dvc.
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from rcgrpo.bfcl.tasks import CATEGORIES, Task, tasks_in
-from rcgrpo.trajectories.failures import KINDS
+from rcgrpo.trajectories.failures import KINDS, RolloutReport
 from rcgrpo.trajectories.record import SPLITS, Trajectory, write_jsonl
 
 
@@ -46,7 +47,9 @@ class DatasetConfig:
     attempts: int = 4  # candidate perturbations tried per kind until one scores 0
     # source (a): auto = on if the engine loads. YAML reads a bare on/off as a bool: accepted.
     rollouts: Literal["auto", "on", "off"] | bool = "auto"
-    rollout_profile: str = "tiny"  # model profile whose base policy is rolled out
+    # base policy rolled out: "" = params.yaml `model:` as it is (the policy's own profile, path
+    # and seed: failures of the model being trained); a profile name = that profile instead
+    rollout_profile: str = ""
     rollout_max_tokens: int = 1024  # token budget of one rollout episode (prompt included)
     rollout_share: float = 0.5  # most of the low half taken from rollouts (rest perturbations)
     commit: bool = True  # git-commit data.dvc after a valid build
@@ -88,6 +91,26 @@ def load_config(overrides: dict | None = None, path: Path | None = None) -> Data
     return load_section("dataset", DatasetConfig, path=path, overrides=overrides)
 
 
+def rollout_model(
+    cfg: DatasetConfig, model_overrides: dict | None = None, path: Path | None = None
+):
+    """The ModelConfig whose base policy `rollout_failures` rolls out (resolved at build time).
+
+    rollout_profile "" (or model.profile itself): params.yaml `model:` (file `path`, default the
+    checkout's) with `model_overrides` on top, unchanged. Another profile name: that profile with
+    model's seed, dtype and device, its own defaults otherwise (model.path belongs to model.profile).
+    """
+    from rcgrpo.config import load_section
+    from rcgrpo.models import ModelConfig  # light: transformers is imported inside its functions
+
+    model = load_section("model", ModelConfig, path=path, overrides=model_overrides)
+    if not cfg.rollout_profile or cfg.rollout_profile == model.profile:
+        return model
+    return ModelConfig(
+        profile=cfg.rollout_profile, seed=model.seed, dtype=model.dtype, device=model.device
+    )
+
+
 def select_tasks(cfg: DatasetConfig, split: str) -> list[Task]:
     """The split's tasks, or a seeded subset stratified round-robin over categories."""
     tasks = tasks_in(split, tuple(cfg.categories))
@@ -119,23 +142,35 @@ def counts(rows: list[Trajectory]) -> dict:
 
 
 def write_dataset(
-    out: Path, rctp: dict[str, list], sft: dict[str, list], cfg: DatasetConfig, expert_failures
+    out: Path,
+    rctp: dict[str, list],
+    sft: dict[str, list],
+    cfg: DatasetConfig,
+    expert_failures,
+    rollouts: dict | None = None,
 ) -> dict:
-    """Write every file of one build into `out` and return the manifest."""
+    """Write every file of one build into `out` and return the manifest. rollouts: the
+    RolloutReport summary (None: no rollout was tried). config.rollout_profile is the profile
+    actually rolled out when there was one, so "" never hides which policy failed."""
     files = {}
     for split in SPLITS:
         for name, sets in (("rctp", rctp), ("sft", sft)):
             rel = f"{name}/{split}.jsonl"
             write_jsonl(out / rel, sets[split])
             files[rel] = counts(sets[split])
+    rollouts = rollouts or RolloutReport().summary()
+    config = {
+        k: v
+        for k, v in asdict(cfg).items()
+        if k not in ("root", "lock_timeout_s", "commit", "push")
+    }
+    if rollouts.get("model"):
+        config["rollout_profile"] = rollouts["model"]["profile"]
     manifest = {
-        "config": {
-            k: v
-            for k, v in asdict(cfg).items()
-            if k not in ("root", "lock_timeout_s", "commit", "push")
-        },
+        "config": config,
         "files": files,
         "expert_failures": expert_failures,  # ground truths that did not score 1, by task id
+        "rollouts": rollouts,  # tried == kept + sum(refused): failures.refusal's reasons
     }
     tmp = out / ".manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True, default=list) + "\n")
@@ -145,11 +180,14 @@ def write_dataset(
 
 def build_folder(cfg: DatasetConfig, out: Path, rollouts: dict | None = None) -> dict:
     """The flow's generate -> label -> write stages as plain Python (no Prefect), for tests and
-    notebooks: writes one build into `out` and returns its manifest. rollouts: split -> records."""
+    notebooks: writes one build into `out` and returns its manifest. rollouts: split -> records
+    (made elsewhere, e.g. by rollout_failures); only those `failures.refusal` accepts are used."""
     from rcgrpo.trajectories.experts import generate_experts
     from rcgrpo.trajectories.failures import generate_perturbations
     from rcgrpo.trajectories.labels import low_half, mixed_set, sft_set
 
+    screened = RolloutReport()
+    usable = {s: [r for r in (rollouts or {}).get(s, []) if screened.add(r)] for s in SPLITS}
     rctp, sft, failed = {}, {}, []
     for split in SPLITS:
         tasks = select_tasks(cfg, split)
@@ -158,9 +196,9 @@ def build_folder(cfg: DatasetConfig, out: Path, rollouts: dict | None = None) ->
             tasks, split, cfg.protocol, cfg.seed, cfg.kinds, cfg.attempts
         )
         n_low = round(len(report.experts) * cfg.low_per_high)
-        lows = low_half(
-            (rollouts or {}).get(split, []), perturbed, n_low, cfg.rollout_share, cfg.seed
-        )
+        lows = low_half(usable[split], perturbed, n_low, cfg.rollout_share, cfg.seed)
         rctp[split], sft[split] = mixed_set(report.experts, lows, cfg.seed), sft_set(report.experts)
         failed += report.failed
-    return write_dataset(Path(out), rctp, sft, cfg, failed)
+    return write_dataset(
+        Path(out), rctp, sft, cfg, failed, screened.summary() if rollouts else None
+    )
