@@ -11,6 +11,7 @@ from rcgrpo.grpo.core_algos import (
     group_advantages,
     group_reward_stats,
     kl_penalty,
+    minibatch_indices,
     policy_loss,
     sample_reward_tokens,
     token_entropy,
@@ -87,6 +88,42 @@ def test_kl_estimators_hand_computed():
     assert kl_penalty(logp, logp, "k3").item() == 0.0
 
 
+def test_k3_is_clamped_as_verl_does():
+    # log r = ref - logp; k3 = exp(log r) - 1 - log r, then clamped to [-10, 10] (verl low_var_kl)
+    log_r = torch.tensor([math.log(0.5), 2.0, 3.0, 15.0, -15.0, 25.0])
+    logp = torch.zeros(6, requires_grad=True)
+    k3 = kl_penalty(logp, log_r, "k3")
+    expected = [
+        0.5 - 1 + math.log(2),  # 0.19315: far from the clamp
+        math.exp(2) - 3,  # 4.38906: still below 10
+        10.0,  # exp(3) - 4 = 16.0855 -> 10
+        10.0,  # exp(15) - 16 = 3269001.37 -> 10
+        10.0,  # exp(-15) + 14 = 14.0000003 -> 10
+        10.0,  # log r clamped to 20 first: exp(20) - 21 -> 10
+    ]
+    assert k3.tolist() == pytest.approx(expected, rel=1e-6)
+    k3.sum().backward()
+    # d k3 / d logp = 1 - exp(log r) where not clamped (0.5 and 1 - e^2 = -6.38906), else 0
+    assert logp.grad.tolist() == pytest.approx([0.5, 1 - math.exp(2), 0, 0, 0, 0], rel=1e-6)
+
+
+def test_clip_on_positive_advantage_gives_zero_gradient():
+    old = torch.zeros(1, 2)
+    logp = torch.log(torch.tensor([[1.5, 0.5]])).requires_grad_(True)  # ratios 1.5 and 0.5
+    mask = torch.ones(1, 2)
+    # A = +1: token 0 has ratio 1.5 > 1 + eps, so its term is the constant -1.2: gradient 0;
+    # token 1 (ratio 0.5) is unclipped: d(-ratio)/d logp / 2 tokens = -0.5 / 2 = -0.25
+    loss, stats = policy_loss(logp, old, torch.tensor([1.0]), mask)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([0.0, -0.25])
+    assert stats["clip_frac"] == 0.5 and stats["ratio_mean"] == pytest.approx(1.0)
+    # A = -1: mirrored: ratio 0.5 < 1 - eps is clipped (gradient 0), ratio 1.5 gives 1.5 / 2
+    logp.grad = None
+    loss, _ = policy_loss(logp, old, torch.tensor([-1.0]), mask)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([0.75, 0.0])
+
+
 def test_clipped_loss_hand_computed():
     old = torch.zeros(1, 2)
     logp = torch.log(torch.tensor([[1.5, 0.5]]))  # ratios 1.5 and 0.5
@@ -153,3 +190,17 @@ def test_one_update_raises_logprob_of_positive_advantage_rollout():
     after = logprobs().detach()
     assert after[0].sum() > before[0].sum()  # positive advantage: more likely
     assert after[1].sum() < before[1].sum()  # negative advantage: less likely
+
+
+# -- the PPO schedule --------------------------------------------------------------------------
+def test_minibatch_indices():
+    # one mini-batch (0 = whole batch): a single pass in order, micro-batches of 4 then 2
+    (only,) = minibatch_indices(6, 0, 4)
+    assert [c.tolist() for c in only[0]] == [[0, 1, 2, 3], [4, 5]] and len(only) == 1
+    # 2 passes x 2 mini-batches of 3, micro-batches of 2 + 1; each pass a seeded permutation
+    passes = minibatch_indices(6, 3, 2, epochs=2, generator=gen(0))
+    assert [[len(c) for c in mini] for p in passes for mini in p] == [[2, 1]] * 4
+    flat = [torch.cat([c for mini in p for c in mini]).tolist() for p in passes]
+    assert all(sorted(f) == list(range(6)) for f in flat) and flat[0] != flat[1]
+    again = minibatch_indices(6, 3, 2, epochs=2, generator=gen(0))
+    assert [torch.cat([c for m in p for c in m]).tolist() for p in again] == flat

@@ -8,6 +8,7 @@ import pytest
 import torch
 from toy_models import tiny_llama
 
+from rcgrpo.grpo.core_algos import token_logprobs
 from rcgrpo.grpo.trainer import RLConfig, Trainer
 from rcgrpo.trajectories.record import HIGH, LOW
 
@@ -57,19 +58,15 @@ class ToyEngine:
 TASKS = [SimpleNamespace(id=f"toy_{i}", number=i) for i in range(6)]
 
 
-def run(tmp_path, steps=4, stop_after=None, resume=False, **over):
+def make(tmp_path, **over):
     policy = tiny_policy()
-    cfg = RLConfig(
-        steps=steps,
-        tasks_per_step=3,
-        group_size=4,
-        lr=5e-3,
-        save_every=2,
-        micro_batch_size=5,
-        out_dir=str(tmp_path),
-        **over,
-    )
-    trainer = Trainer(policy, ToyEngine(policy), TASKS, cfg)
+    base = dict(tasks_per_step=3, group_size=4, lr=5e-3, save_every=2, micro_batch_size=5)
+    cfg = RLConfig(out_dir=str(tmp_path), **{**base, **over})  # batch: 3 tasks x 4 = 12
+    return Trainer(policy, ToyEngine(policy), TASKS, cfg)
+
+
+def run(tmp_path, steps=4, stop_after=None, resume=False, **over):
+    trainer = make(tmp_path, steps=steps, **over)
     return trainer, trainer.train(resume=resume, stop_after=stop_after)
 
 
@@ -77,16 +74,21 @@ def deterministic(metrics):
     return {k: v for k, v in metrics.items() if not k.startswith("perf/")}
 
 
-def test_resume_reproduces_an_uninterrupted_run(tmp_path):
-    _, full = run(tmp_path / "full")
-    _, first = run(tmp_path / "cut", stop_after=3)  # checkpoint at 2, "killed" after step 3
+PPO = dict(mini_batch_size=6, micro_batch_size=3, inner_epochs=2)  # 4 updates per step
+
+
+@pytest.mark.parametrize("over", [{}, PPO], ids=["one-update", "mini-batches"])
+def test_resume_reproduces_an_uninterrupted_run(tmp_path, over):
+    _, full = run(tmp_path / "full", **over)
+    _, first = run(tmp_path / "cut", stop_after=3, **over)  # checkpoint at 2, "killed" after 3
     assert [deterministic(m) for m in first] == [deterministic(m) for m in full[:3]]
-    trainer, rest = run(tmp_path / "cut", resume=True)
+    trainer, rest = run(tmp_path / "cut", resume=True, **over)
     assert trainer.step == 4 and len(rest) == 2  # resumed from step 2, not 0 nor 3
     assert [deterministic(m) for m in rest] == [deterministic(m) for m in full[2:]]
     lines = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 4  # step 3's first try was dropped, not duplicated
     assert full[-1]["loss/grad_norm"] > 0
+    assert full[-1]["loss/optimizer_steps"] == (4 if over else 1)
 
 
 def test_rc_tokens_and_metrics(tmp_path):
@@ -123,3 +125,64 @@ def test_grpo_has_no_tokens_and_sign_advantage_never_vanishes(tmp_path):
     assert history[0]["rollout/zero_adv_frac"] == 0.0  # 2R - 1 is never 0
     with pytest.raises(ValueError, match="group_size >= 2"):
         RLConfig(group_size=1)
+
+
+@pytest.mark.parametrize("inner_epochs", [1, 2])
+def test_mini_batches_are_ppo_updates_against_one_pi_old(tmp_path, monkeypatch, inner_epochs):
+    import rcgrpo.grpo.trainer as trainer_mod
+
+    trainer = make(tmp_path, mini_batch_size=6, micro_batch_size=3, inner_epochs=inner_epochs)
+    forwards, losses = [], []  # (grad enabled, ids, attn) per policy forward; policy_loss args
+    logprobs, real_loss = trainer._logprobs, trainer_mod.policy_loss
+
+    def counting_logprobs(model, ids, attn):
+        if model is trainer.model:
+            forwards.append((torch.is_grad_enabled(), ids, attn))
+        return logprobs(model, ids, attn)
+
+    def recording_loss(logp, old, adv, mask, ref, **kw):
+        losses.append((logp.detach(), old, mask))
+        return real_loss(logp, old, adv, mask, ref, **kw)
+
+    monkeypatch.setattr(trainer, "_logprobs", counting_logprobs)
+    monkeypatch.setattr(trainer_mod, "policy_loss", recording_loss)
+    initial = tiny_policy().model  # same seed: the pre-update weights of step 1
+    m = trainer.train_step(1)
+
+    # 12 rollouts, mini-batches of 6: 2 optimizer steps per pass, 2 micro-batches of 3 each
+    assert m["loss/optimizer_steps"] == len(trainer.updates) == 2 * inner_epochs
+    no_grad = [f for f in forwards if not f[0]]
+    assert len(no_grad) == 4  # pi_old: 12 / 3 micro-batches, once per batch whatever the passes
+    assert len(forwards) - len(no_grad) == 4 * inner_epochs == len(losses)
+    first, second = trainer.updates[0], trainer.updates[1]
+    assert first["ratio_mean"] == 1.0 and first["clip_frac"] == 0.0  # pi_old = these weights
+    assert abs(second["ratio_mean"] - 1.0) > 1e-3  # after one update: off-policy (0.987 here)
+    assert m["loss/ratio_mean_last"] == trainer.updates[-1]["ratio_mean"]
+    assert m["loss/clip_frac_last"] == trainer.updates[-1]["clip_frac"]
+    if inner_epochs == 2:  # the second pass is further off-policy: the clip acts (0.2 of tokens)
+        assert trainer.updates[2]["clip_frac"] > 0
+    mean = sum(u["ratio_mean"] for u in trainer.updates) / len(trainer.updates)
+    assert m["loss/ratio_mean"] == pytest.approx(mean)
+
+    grad_forwards = [f for f in forwards if f[0]]
+    for (_, ids, attn), (_, old, mask) in zip(grad_forwards, losses, strict=True):
+        with torch.no_grad():  # pi_old of every update = the pre-update policy's log-probs
+            before = token_logprobs(
+                initial(input_ids=ids, attention_mask=attn).logits[:, :-1], ids[:, 1:]
+            )
+        assert torch.allclose(old * mask, before * mask, atol=1e-6)
+    # the second update's ratio_mean, by hand: token-weighted mean of exp(logp - old), masked
+    (lp_a, old_a, mask_a), (lp_b, old_b, mask_b) = losses[2], losses[3]
+    ratios = torch.cat(
+        [((lp_a - old_a).exp() * mask_a).flatten(), ((lp_b - old_b).exp() * mask_b).flatten()]
+    )
+    assert second["ratio_mean"] == pytest.approx(
+        float(ratios.sum() / (mask_a.sum() + mask_b.sum()))
+    )
+
+
+def test_mini_batch_size_is_validated():
+    with pytest.raises(ValueError, match="multiple of micro_batch_size"):
+        RLConfig(tasks_per_step=3, group_size=4, mini_batch_size=6, micro_batch_size=4)
+    with pytest.raises(ValueError, match="must divide the batch"):
+        RLConfig(tasks_per_step=3, group_size=4, mini_batch_size=8, micro_batch_size=4)

@@ -3,7 +3,9 @@
 * `sample_reward_tokens`: one reward token per rollout of a group, i.i.d. with P(high)=p (the
   paper) or stratified (both tokens at least once per group; the paper did not test it).
 * `group_advantages`: (R - mean)/(population std + eps) (the paper), mean-only, or sign 2R - 1.
-* `policy_loss`: PPO-clipped ratio + beta * KL(policy || reference), token- or sequence-mean.
+* `policy_loss`: PPO-clipped ratio + beta * KL(policy || reference) (k3 clamped as verl does),
+  token- or sequence-mean.
+* `minibatch_indices`: PPO's passes -> mini-batches (optimizer steps) -> micro-batches.
 * `token_logprobs` / `token_entropy`: from logits, for the loss.
 
 Nothing here touches a model or a file; tests/test_core_algos.py checks hand-computed values:
@@ -105,7 +107,9 @@ def kl_penalty(
 
     With log r = ref - logp (tokens sampled from the policy): k1 = -log r (unbiased, can be
     negative), k2 = (log r)^2 / 2, k3 = r - 1 - log r (unbiased, >= 0; Schulman 2020,
-    http://joschu.net/blog/kl-approx.html). log r is clamped to [-20, 20] so exp never overflows.
+    http://joschu.net/blog/kl-approx.html). log r is clamped to [-20, 20] so exp never overflows;
+    k3 is then clamped to [-10, 10] (verl's "low_var_kl"), so a token far from the reference
+    adds at most 10 to the loss and gets zero KL gradient instead of an exp-sized one.
     """
     log_r = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
     if estimator == "k1":
@@ -113,7 +117,9 @@ def kl_penalty(
     if estimator == "k2":
         return 0.5 * log_r.square()
     if estimator == "k3":
-        return torch.exp(log_r) - 1.0 - log_r
+        # As verl/trainer/ppo/core_algos.py kl_penalty("low_var_kl"): clamp log r to [-20, 20],
+        # kld = exp(log r) - log r - 1, then clamp kld to [-10, 10] (only the upper bound can bite).
+        return (torch.exp(log_r) - 1.0 - log_r).clamp(-10.0, 10.0)
     raise ValueError(f"kl estimator must be 'k1', 'k2' or 'k3', got {estimator!r}")
 
 
@@ -183,6 +189,31 @@ def policy_loss(
         if entropy is not None:
             stats["entropy"] = float((entropy * maskf).sum() / n)
     return loss, stats
+
+
+def minibatch_indices(
+    n: int,
+    mini_batch_size: int,
+    micro_batch_size: int,
+    epochs: int = 1,
+    generator: torch.Generator | None = None,
+) -> list[list[list[torch.Tensor]]]:
+    """PPO's schedule over a batch of n rollouts: `epochs` passes, each a list of mini-batches
+    (one optimizer step each), each a list of micro-batch index tensors (one forward each).
+
+    mini_batch_size 0 (or >= n) = the whole batch. With several mini-batches each pass visits
+    the rollouts in a fresh order drawn from `generator` (cleanrl's per-epoch shuffle): the batch
+    is group-major, so an in-order split would give each update only a few tasks. With one
+    mini-batch the order is kept: it cannot change the summed gradient.
+    """
+    mini = min(mini_batch_size or n, n)
+    passes = []
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=generator) if mini < n else torch.arange(n)
+        passes.append(
+            [list(order[i : i + mini].split(micro_batch_size)) for i in range(0, n, mini)]
+        )
+    return passes
 
 
 def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

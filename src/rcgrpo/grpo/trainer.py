@@ -4,8 +4,11 @@ One step: draw `tasks_per_step` distinct training tasks; give each of its G roll
 token (RC-GRPO: one sampled per rollout by core_algos.sample_reward_tokens; GRPO: none); roll out
 through the engine (which returns the sampled ids, the sampled-token mask and sampling log-probs:
 we train on exactly those ids, never a re-rendered chat); score with the paper's R (or BFCL's
-check); group advantages; then `inner_epochs` passes of the PPO-clipped loss with k3 KL to the
-frozen initial model; then `engine.sync(policy)` so the next rollouts come from the new weights.
+check); group advantages; pi_old and the reference log-probs once, with no grad; then
+`inner_epochs` passes of the PPO-clipped loss with k3 KL to the frozen initial model, each pass
+split into mini-batches of `mini_batch_size` rollouts, one optimizer step each (verl's
+ppo_mini_batch_size; from the second update on, ratio != 1 and the clip acts); then
+`engine.sync(policy)` so the next rollouts come from the new weights.
 
 Every random draw of step s comes from generators seeded by (seed, s), and checkpoints hold the
 weights, optimizer, scheduler and RNG states, so `resume` reproduces on the CPU the metrics of a
@@ -34,6 +37,7 @@ from rcgrpo import checkpoint
 from rcgrpo.grpo.core_algos import (
     group_advantages,
     group_reward_stats,
+    minibatch_indices,
     policy_loss,
     sample_reward_tokens,
     token_entropy,
@@ -54,11 +58,12 @@ class RLConfig:
     p_high: float = 0.5  # P(<|high_reward|>) per rollout (paper: 0.5)
     group_size: int = 5  # rollouts per task, G (paper: 5)
     tasks_per_step: int = 8  # groups per step; the batch is tasks_per_step * group_size rollouts
-    steps: int = 400  # optimizer steps (paper: "400 epochs")
-    inner_epochs: int = 1  # policy-loss passes over one step's rollouts
+    steps: int = 400  # RL steps, one rollout batch each (paper: "400 epochs")
+    inner_epochs: int = 1  # PPO passes over one step's rollouts (each pass: all mini-batches)
+    mini_batch_size: int = 0  # rollouts per optimizer step; 0 = the whole batch (1 update/pass)
     micro_batch_size: int = 8  # rollouts per forward pass (gradient accumulation)
     lr: float = 1e-6  # AdamW learning rate (paper: 1e-6), constant after warmup
-    warmup_steps: int = 0  # linear warmup steps
+    warmup_steps: int = 0  # linear warmup, in RL steps (the lr changes once per RL step)
     grad_clip: float = 1.0  # max global grad norm (0 = off)
     clip_eps: float = 0.2  # PPO ratio clip (paper: 0.2)
     kl_coef: float = 0.1  # beta of the KL to the frozen initial model (paper: 0.1)
@@ -80,6 +85,20 @@ class RLConfig:
             )
         if self.inner_epochs < 1 or self.steps < 1 or self.tasks_per_step < 1:
             raise ValueError("steps, tasks_per_step and inner_epochs must be >= 1")
+        if self.micro_batch_size < 1 or self.mini_batch_size < 0:
+            raise ValueError("micro_batch_size must be >= 1 and mini_batch_size >= 0 (0 = batch)")
+        batch = self.tasks_per_step * self.group_size
+        if self.mini_batch_size and self.mini_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"mini_batch_size {self.mini_batch_size} must be a multiple of micro_batch_size "
+                f"{self.micro_batch_size} (or 0): each update accumulates whole micro-batches"
+            )
+        if self.mini_batch_size and batch % self.mini_batch_size:
+            raise ValueError(
+                f"mini_batch_size {self.mini_batch_size} must divide the batch tasks_per_step * "
+                f"group_size = {batch}: a smaller last mini-batch would be a noisier update that "
+                "weighs as much as a full one"
+            )
 
     @property
     def start_path(self) -> str:
@@ -193,37 +212,44 @@ class Trainer:
 
         ids, mask, sampled_logp, attn = batch_tensors(rollouts, self.pad_id)
         mask, sampled_logp = mask[:, 1:], sampled_logp[:, 1:]  # align with predicted tokens
-        chunks = [
-            slice(i, i + cfg.micro_batch_size)
-            for i in range(0, len(rollouts), cfg.micro_batch_size)
-        ]
-        with torch.no_grad():  # old (pre-update; only needed for >1 pass) and reference, (B, T-1)
-            old = None
-            if cfg.inner_epochs > 1:
-                old = torch.cat([self._logprobs(self.model, ids[c], attn[c])[0] for c in chunks])
-            ref = (
-                torch.cat([self._logprobs(self.ref_model, ids[c], attn[c])[0] for c in chunks])
-                if self.ref_model is not None and cfg.kl_coef > 0
-                else None
-            )
-        n_tok = mask.sum().clamp(min=1)
-        n_seq = (mask.sum(1) > 0).sum().clamp(min=1)
-        self.model.train()
-        acc: dict[str, float] = {}
+        # PPO schedule; the shuffle has a generator of its own (seeded by the step, not by
+        # draw's stream) so that a resumed run visits the rollouts in the same order.
+        shuffle = torch.Generator().manual_seed(2**32 + step_seed(cfg.seed, step))
+        passes = minibatch_indices(
+            len(rollouts), cfg.mini_batch_size, cfg.micro_batch_size, cfg.inner_epochs, shuffle
+        )
+        # pi_old, ONCE per batch before any update, with the weights the engine sampled from (in
+        # eval mode, as the engine samples); not the engine's log-probs, which are at T = 1 where
+        # ours are at the sampling temperature. Same micro-batches as the first update, so its
+        # forwards are bit-identical (ratio exactly 1). The reference and logprob_gap ride along.
+        old = torch.zeros_like(mask)  # (B, T-1)
+        use_ref = self.ref_model is not None and cfg.kl_coef > 0
+        ref = torch.zeros_like(mask) if use_ref else None
         gap = torch.zeros(())  # sum over sampled tokens of |engine log p - trainer log p|
-        for epoch in range(cfg.inner_epochs):
+        self.model.eval()
+        with torch.no_grad():
+            for c in (c for mini in passes[0] for c in mini):
+                old[c], logits = self._logprobs(self.model, ids[c], attn[c])
+                mine = old[c] if self.temperature == 1.0 else token_logprobs(logits, ids[c, 1:])
+                gap += ((sampled_logp[c] - mine).abs() * mask[c]).sum()
+                if ref is not None:
+                    ref[c] = self._logprobs(self.ref_model, ids[c], attn[c])[0]
+
+        def size(c):  # what a micro-batch weighs in its mini-batch's mean: tokens or sequences
+            return mask[c].sum() if cfg.aggregation == "token-mean" else (mask[c].sum(1) > 0).sum()
+
+        self.model.train()
+        lr = self.scheduler.get_last_lr()[0]  # one lr per RL step: warmup counts RL steps
+        self.updates: list[dict[str, float]] = []  # per optimizer step, for inspection
+        for mini in (mini for one_pass in passes for mini in one_pass):
             self.optimizer.zero_grad(set_to_none=True)
-            for c in chunks:
+            total = sum(size(c) for c in mini).clamp(min=1)
+            upd: dict[str, float] = {}
+            for c in mini:
                 logp, logits = self._logprobs(self.model, ids[c], attn[c])
-                with torch.no_grad():
-                    ent = token_entropy(logits)
-                    if epoch == 0:  # the weights the engine sampled from: compare at T = 1
-                        mine = token_logprobs(logits, ids[c, 1:])
-                        gap += ((sampled_logp[c] - mine).abs() * mask[c]).sum()
-                # one pass: pi_old = pi_theta before the step, i.e. this very forward, detached
                 loss, stats = policy_loss(
                     logp,
-                    logp.detach() if old is None else old[c],
+                    old[c],
                     adv[c],
                     mask[c],
                     None if ref is None else ref[c],
@@ -231,26 +257,24 @@ class Trainer:
                     kl_coef=cfg.kl_coef,
                     kl_estimator=cfg.kl_estimator,
                     aggregation=cfg.aggregation,
-                    entropy=ent,
+                    entropy=token_entropy(logits.detach()),
                 )
-                # weight of this micro-batch in the batch mean: its share of tokens (or sequences)
-                w = (
-                    mask[c].sum() / n_tok
-                    if cfg.aggregation == "token-mean"
-                    else (mask[c].sum(1) > 0).sum() / n_seq
-                )
+                w = size(c) / total  # token (or sequence) share within the mini-batch
                 (loss * w).backward()
                 stats["total"] = loss.item()
                 for k, v in stats.items():
-                    acc[k] = acc.get(k, 0.0) + float(w) * v / cfg.inner_epochs
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                self.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+                    upd[k] = upd.get(k, 0.0) + float(w) * v
+            upd["grad_norm"] = float(
+                torch.nn.utils.clip_grad_norm_(
+                    self.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+                )
             )
-            lr = self.scheduler.get_last_lr()[0]
             self.optimizer.step()
+            self.updates.append(upd)
         self.scheduler.step()
         self.model.eval()
         self.engine.sync(self.policy)
+        acc = {k: sum(u[k] for u in self.updates) / len(self.updates) for k in self.updates[0]}
 
         gen_tokens = float(mask.sum())
         metrics = {
@@ -263,14 +287,17 @@ class Trainer:
             "rollout/adv_abs_mean": float(adv.abs().mean()),
             "rollout/zero_adv_frac": float((adv == 0).float().mean()),
             "rollout/response_tokens": gen_tokens / len(rollouts),
-            "rollout/logprob_gap": float(gap / n_tok),
+            "rollout/logprob_gap": float(gap / mask.sum().clamp(min=1)),
             "loss/total": acc["total"],
             "loss/pg": acc["pg_loss"],
             "loss/kl": acc["kl"],
             "loss/clip_frac": acc["clip_frac"],
             "loss/ratio_mean": acc["ratio_mean"],
+            "loss/clip_frac_last": self.updates[-1]["clip_frac"],  # the most off-policy update
+            "loss/ratio_mean_last": self.updates[-1]["ratio_mean"],
+            "loss/optimizer_steps": len(self.updates),
             "loss/entropy": acc["entropy"],
-            "loss/grad_norm": float(grad_norm),
+            "loss/grad_norm": acc["grad_norm"],
             "loss/lr": lr,
             "perf/gen_tokens_per_s": gen_tokens / max(t_roll, 1e-9),
             "perf/rollout_s": t_roll,
