@@ -135,3 +135,17 @@ def test_call_that_does_not_parse_is_named(bad):
     (failure,) = [f for f in report.failures if f.column == "bad_calls"]
     assert failure.file == "sft/train.jsonl" and [r["line"] for r in failure.rows] == [2]
     assert "safe parser rejects" in report.message()
+
+
+def test_low_row_without_a_dispatched_call_is_refused(bad):
+    path = bad / "rctp" / "train.jsonl"
+    lines = _lines(path)
+    i = next(i for i, line in enumerate(lines) if json.loads(line)["paper_reward"] == 0)
+    row = json.loads(lines[i])
+    row["calls"] = [[["done()"]]]  # the policy said only done(): nothing was tried
+    lines[i] = json.dumps(row)
+    _rewrite(path, lines)
+    report = validate_dir(bad)
+    (failure,) = [f for f in report.failures if f.column == "low_without_call"]
+    assert [r["line"] for r in failure.rows] == [i + 1]
+    assert "no dispatched tool call" in report.message()

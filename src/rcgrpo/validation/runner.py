@@ -98,6 +98,10 @@ def _row(path: Path, number: int, line: str, kind: str, split_of: dict) -> dict:
         and not (m.get("content") or "").strip()
         and not m.get("tool_calls")
     )
+    # A low row must show a failure *of tool calling*: at least one dispatched call (done() aside).
+    no_call = record.paper_reward == 0 and not any(
+        c != "done()" for turn in record.calls for step in turn for c in step
+    )
     return {
         **base,
         "task_id": record.task_id,
@@ -115,6 +119,7 @@ def _row(path: Path, number: int, line: str, kind: str, split_of: dict) -> dict:
         "goal_first": first,
         "bad_calls": bad_calls,
         "empty_assistant": empty,
+        "low_without_call": bool(no_call),
     }
 
 
@@ -138,6 +143,7 @@ COLUMNS = [
     "goal_first",
     "bad_calls",
     "empty_assistant",
+    "low_without_call",
 ]
 
 
