@@ -1,20 +1,40 @@
 """Benchmark: batched rollout engine vs a naive one-episode-at-a-time generate loop (tiny profile).
 
-Both roll out the same BFCL train episodes (combined protocol, same limits, temperature 1) in one
-run. The batched engine is `rcgrpo.engines.hf.HFEngine` (all episodes in flight, left-padded
-batches, KV cache, finished rows dropped). The naive reference runs the episodes one after the
-other and calls `model.generate` (KV cache too) for each model message, batch size 1. Printed:
-episodes/s and generated tokens/s of both, the CPU's FLOP-bound tokens/s for this model
-(measured float32 matmul rate / (2 x parameters) FLOPs per token), and last the ratio
-batched/naive in episodes/s (target >= 3x).
+What it measures: the rollouts of one RL step, 32 BFCL train episodes under the turn-by-turn
+"bfcl" protocol (temperature 1, 64 new tokens per message, 1536-token episode budget), rolled out
+by both engines in one process, with the same torch thread count and the same tasks. The tiny
+model has random weights: it answers every user turn in prose, so a message runs to its 64-token
+cap (the stop token is ~1/4000 per token), the turn ends and the next user turn is appended. An
+episode is thus 2-7 model messages over a growing 500-1536-token context, which is the shape of
+an RL rollout (several messages per episode, each re-reading a long prompt), only with prose
+instead of calls. (The paper's "combined" protocol, `--protocol combined`, ends a random model's
+episode after its first message: one prefill and 64 decode steps, not an RL step.)
 
-    .venv/bin/python bench/rollout.py                 # 32 episodes, 64 new tokens per message
-    .venv/bin/python bench/rollout.py --episodes 64 --max-new-tokens 96
+- batched: `rcgrpo.engines.hf.HFEngine`, all episodes in flight, one `generate` per round of
+  messages: unpadded prefill (of the new tokens only: an episode's K/V is kept between its
+  messages) into a static KV cache, batched decode, vectorised seeded sampling.
+- naive: what a first agent loop does: the episodes one after the other, `model.generate` (with
+  its KV cache) for each message, batch size 1, the whole prompt re-read every message.
+
+Printed: threads and load average (os.getloadavg(), before and after: the box is shared, other
+processes compete for its 2 cores); for each engine episodes/s, messages, generated tokens/s,
+prompt tokens/s (every message's whole prompt) with the share of them it prefilled, and its
+distance to the FLOP bound: the least FLOPs of its episodes (every token of an episode through the
+model once, causal attention, no padding, no prompt re-read) over this CPU's float32 matmul rate
+measured at the same thread count, a time no engine can beat. Decode is bound by memory instead
+(each step reads the whole KV cache, ~1 KB per context token per episode here), so 100% is out of
+reach. Last the ratio batched/naive in episodes/s (target >= 3x).
+
+    .venv/bin/python bench/rollout.py                     # 32 episodes, bfcl protocol
+    .venv/bin/python bench/rollout.py --threads 2         # default: rcgrpo.runtime.torch_threads
+    RCGRPO_TORCH_THREADS=2 .venv/bin/python bench/rollout.py
+    .venv/bin/python bench/rollout.py --protocol combined --episodes 64
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -50,7 +70,7 @@ class NaiveEngine(Engine):
 
 
 def matmul_flops(n: int = 1024, reps: int = 20) -> float:
-    """Measured float32 matmul rate of this CPU (FLOP/s), all threads torch uses."""
+    """Measured float32 matmul rate of this CPU (FLOP/s) at torch's current thread count."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b  # warm-up
     start = time.perf_counter()
@@ -59,60 +79,107 @@ def matmul_flops(n: int = 1024, reps: int = 20) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - start)
 
 
-def timed(engine: Engine, tasks, seed: int, one_at_a_time: bool) -> tuple[float, int, list]:
-    start, before = time.perf_counter(), engine.generated_tokens
+def workload_flops(config, episodes: list[tuple[int, int]]) -> float:
+    """Least forward FLOPs of episodes [(final length T, sampled tokens)]: every token of an
+    episode run through the model once (no padding, no prompt re-read), causal attention.
+
+    Per token at context c: 2 x (non-embedding matmul weights) + 4 x layers x (heads x head dim)
+    x c for QK^T and AV; plus 2 x vocab x hidden for the LM head of every sampled token."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    hd = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
+    per_token = 2 * layers * (h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size)
+    attention, head = 4 * layers * q, 2 * config.vocab_size * h
+    return sum(t * per_token + attention * t * (t + 1) / 2 + s * head for t, s in episodes)
+
+
+def timed(engine: Engine, tasks, protocol: str, seed: int, one_at_a_time: bool) -> dict:
+    calls: list[tuple[int, int]] = []  # (prompt length, new tokens) per message
+    generate = engine.generate
+
+    def recording(prompts, max_new, seeds):
+        samples = generate(prompts, max_new, seeds)
+        calls.extend((len(p), len(s.ids)) for p, s in zip(prompts, samples, strict=True))
+        return samples
+
+    engine.generate = recording
+    start = time.perf_counter()
     if one_at_a_time:
         rollouts = []
         for i, task in enumerate(tasks):
-            rollouts += engine.rollout([task], seed=seed + i)
+            rollouts += engine.rollout([task], protocol=protocol, seed=seed + i)
     else:
-        rollouts = engine.rollout(tasks, seed=seed)
-    return time.perf_counter() - start, engine.generated_tokens - before, rollouts
+        rollouts = engine.rollout(tasks, protocol=protocol, seed=seed)
+    seconds = time.perf_counter() - start
+    engine.generate = generate
+    episodes = [(len(r.ids), r.n_sampled) for r in rollouts]
+    return {"seconds": seconds, "calls": calls, "episodes": episodes}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # workload
     parser.add_argument("--episodes", type=int, default=32, help="BFCL train episodes")
+    parser.add_argument("--protocol", default="bfcl", help="bfcl (turn by turn) | combined")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="per model message")
     parser.add_argument("--max-total-tokens", type=int, default=1536, help="per episode")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    # machine
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads, both engines (0 = the default)"
+    )
     args = parser.parse_args()
 
     from rcgrpo.bfcl.tasks import tasks_in
     from rcgrpo.engines.hf import HFEngine
     from rcgrpo.models import ModelConfig, load_policy
-    from rcgrpo.runtime import apply_defaults
+    from rcgrpo.runtime import apply_defaults, torch_thread_count
 
     apply_defaults()
+    threads = torch_thread_count(args.threads)
+    torch.set_num_threads(threads)  # the whole process: both engines and the matmul probe
     policy = load_policy(ModelConfig(profile="tiny"))
     train = tasks_in("train")
     tasks = train[:: max(1, len(train) // args.episodes)][: args.episodes]
     cfg = RolloutConfig(
-        max_new_tokens=args.max_new_tokens, max_total_tokens=args.max_total_tokens, max_batch=64
-    )
+        max_new_tokens=args.max_new_tokens, max_total_tokens=args.max_total_tokens,
+        max_batch=64, threads=threads,
+    )  # fmt: skip
     n_params = sum(p.numel() for p in policy.model.parameters())
-    print(f"tiny policy: {n_params / 1e6:.2f}M params, torch threads {torch.get_num_threads()}")
-    HFEngine(cfg, policy).rollout(tasks[:2], seed=args.seed)  # warm-up (allocator, kernels)
+    load = os.getloadavg()[0]
+    print(
+        f"tiny policy {n_params / 1e6:.2f}M params, {len(tasks)} episodes, protocol "
+        f"{args.protocol}, torch threads {threads}, load average {load:.2f} (of {os.cpu_count()})"
+    )
+    HFEngine(cfg, policy).rollout(tasks[:2], protocol=args.protocol, seed=args.seed)  # warm-up
+    NaiveEngine(cfg, policy).rollout(tasks[:1], protocol=args.protocol, seed=args.seed)
 
-    results = {}
+    runs = {}
     for name, engine, naive in (
         ("batched", HFEngine(cfg, policy), False),
         ("naive", NaiveEngine(cfg, policy), True),
     ):
-        seconds, tokens, rollouts = timed(engine, tasks, args.seed, naive)
-        results[name] = len(tasks) / seconds
-        prompt = sum(r.prompt_len for r in rollouts) / len(rollouts)
+        before = getattr(engine, "prefilled_tokens", None)
+        runs[name] = timed(engine, tasks, args.protocol, args.seed, naive)
+        runs[name]["prefilled"] = None if naive else engine.prefilled_tokens - before
+    rate = matmul_flops()
+    for name, run in runs.items():
+        s, calls = run["seconds"], run["calls"]
+        read, new = sum(c[0] for c in calls), sum(c[1] for c in calls)
+        prefilled = run["prefilled"] if run["prefilled"] is not None else read
+        bound = workload_flops(policy.model.config, run["episodes"]) / rate
         print(
-            f"{name:8s} {len(tasks)} episodes in {seconds:6.2f} s: {len(tasks) / seconds:6.2f} "
-            f"episodes/s, {tokens / seconds:8.1f} generated tokens/s "
-            f"({tokens} tokens, mean prompt {prompt:.0f} tokens)"
+            f"{name:8s} {len(tasks) / s:6.2f} episodes/s ({s:6.2f} s, {len(calls)} messages): "
+            f"{new / s:5.0f} generated tok/s, {read / s:6.0f} prompt tok/s "
+            f"({100 * prefilled / read:3.0f}% prefilled); FLOP bound {bound:4.2f} s, "
+            f"reaches {100 * bound / s:4.1f}% of it"
         )
-    flops = matmul_flops()
+    ratio = runs["naive"]["seconds"] / runs["batched"]["seconds"]
     print(
-        f"FLOP-bound estimate: matmul {flops / 1e9:.1f} GFLOP/s / (2 x {n_params / 1e6:.2f}M "
-        f"FLOP/token) = {flops / (2 * n_params):,.0f} tokens/s (prefill + decode)"
+        f"matmul {rate / 1e9:.1f} GFLOP/s at {threads} thread(s); load average "
+        f"{os.getloadavg()[0]:.2f} at the end; ratio batched/naive: {ratio:.2f}x "
+        f"(threads {threads}, target >= 3x)"
     )
-    print(f"ratio batched/naive: {results['batched'] / results['naive']:.2f}x (target >= 3x)")
 
 
 if __name__ == "__main__":

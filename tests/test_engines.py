@@ -13,7 +13,7 @@ import torch
 
 from rcgrpo.bfcl.tasks import get_task, tasks_in
 from rcgrpo.engines import RolloutConfig, make_engine
-from rcgrpo.engines.hf import sample_next
+from rcgrpo.engines.hf import sample_next, uniforms
 from rcgrpo.models import ModelConfig, load_policy
 from rcgrpo.trajectories.agent_loop import AgentLoop
 from rcgrpo.trajectories.record import HIGH, LOW
@@ -99,11 +99,42 @@ def test_greedy_is_argmax_and_stops_at_max_new(policy, tasks):
 
 
 def test_top_p_keeps_the_nucleus():
-    logits = torch.tensor([[5.0, 4.0, -3.0, -4.0]])
-    gens = [torch.Generator().manual_seed(s) for s in range(1)]
-    draws = {int(sample_next(logits, 1.0, 0.9, gens)[0]) for _ in range(200)}
-    assert draws <= {0, 1} and 0 in draws
-    assert {int(sample_next(logits, 1.0, 1e-6, gens)[0]) for _ in range(20)} == {0}
+    logits = torch.tensor([[5.0, 4.0, -3.0, -4.0]]).expand(200, -1)
+    u = uniforms([0], 200)[0]  # one draw per row
+    draws = set(sample_next(logits, 1.0, 0.9, u).tolist())
+    assert draws == {0, 1}
+    assert set(sample_next(logits, 1.0, 1e-6, u).tolist()) == {0}
+    edges = torch.tensor([0.0, 1.0 - 2**-24])  # the ends of [0, 1) pick kept tokens only
+    assert set(sample_next(logits[:2], 1.0, 0.9, edges).tolist()) <= {0, 1}
+
+
+def test_inverse_cdf_sampling_follows_the_softmax():
+    """One uniform per row through the inverse CDF draws from softmax(logits / temperature)."""
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, -30.0])
+    n = 20000
+    for temperature in (1.0, 0.7):
+        tok = sample_next(logits.expand(n, -1), temperature, 1.0, uniforms([3], n)[0])
+        freq = torch.bincount(tok, minlength=5).float() / n
+        torch.testing.assert_close(
+            freq, torch.softmax(logits / temperature, -1), atol=0.012, rtol=0
+        )
+    assert torch.equal(uniforms([5, 6], 4)[1], uniforms([6], 4)[0])  # a row's stream is its seed's
+
+
+def test_rows_that_stop_early_leave_the_others_unchanged(policy, tasks):
+    """Different max_new per row (rows cut from the cache mid-way) and different prompt lengths:
+    every row equals the same prompt generated alone, ids and log-probs."""
+    engine = make_engine(CFG, policy)
+    loops = [AgentLoop(t, engine.renderer, "combined", None) for t in tasks]
+    prompts = [loop.ids[: 300 + 37 * i] for i, loop in enumerate(loops)]
+    prompts[3] = prompts[2]  # equal lengths share a prefill forward
+    max_new, seeds = [1, 3, 20, 20, 5, 20], [11, 12, 13, 14, 15, 16]
+    batch = engine.generate(prompts, max_new, seeds)
+    for p, n, s, got in zip(prompts, max_new, seeds, batch, strict=True):
+        (alone,) = engine.generate([p], [n], [s])
+        assert got.ids == alone.ids and 1 <= len(got.ids) <= n
+        torch.testing.assert_close(got.logprobs, alone.logprobs, atol=1e-4, rtol=1e-4)
+    assert batch[2].ids != batch[3].ids  # same prompt and prefill, own seed
 
 
 def test_config_rejects_unknown_engine():
@@ -133,3 +164,55 @@ def test_bfcl_protocol_rolls_every_turn_through_the_engine(policy, tasks):
         history = [{k: m[k] for k in ("role", "content")} for m in r.messages]
         tools = AgentLoop(task, renderer, "bfcl", None).tools
         assert renderer.decode(r.ids) == renderer.text(history, tools, False)
+
+
+def test_prefix_cache_changes_nothing_but_the_work(policy, tasks):
+    """bfcl protocol (several messages per episode): reusing an episode's K/V across its
+    messages samples the same ids, and its log-probs are a training forward pass's."""
+    cfg = RolloutConfig(protocol="bfcl", max_new_tokens=16, max_total_tokens=1500, max_batch=8)
+    engine = make_engine(cfg, policy)
+    cached = engine.rollout(tasks, HIGH, seed=3)
+    plain = make_engine(RolloutConfig(**{**cfg.__dict__, "prefix_cache": False}), policy)
+    again = plain.rollout(tasks, HIGH, seed=3)
+    assert engine.prefilled_tokens < plain.prefilled_tokens / 2  # the store was used
+    assert [r.ids for r in cached] == [r.ids for r in again]
+    assert max(sum(m["role"] == "assistant" for m in r.messages) for r in cached) >= 3
+    for r, a in zip(cached, again, strict=True):
+        torch.testing.assert_close(r.logprobs, a.logprobs, atol=1e-4, rtol=1e-4)
+        ids = torch.tensor([r.ids])
+        with torch.no_grad():
+            logits = policy.model(input_ids=ids).logits[0].float()  # (T, V)
+        logp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None])[:, 0]  # (T-1,)
+        mask = torch.tensor(r.mask[1:], dtype=torch.bool)
+        torch.testing.assert_close(
+            torch.tensor(r.logprobs[1:])[mask], logp[mask], atol=2e-4, rtol=1e-4
+        )
+
+
+def test_torch_threads_are_set_deliberately_and_restored(monkeypatch):
+    from rcgrpo.runtime import DEFAULT_TORCH_THREADS, torch_thread_count, torch_threads
+
+    monkeypatch.delenv("RCGRPO_TORCH_THREADS", raising=False)
+    assert torch_thread_count() == DEFAULT_TORCH_THREADS and torch_thread_count(3) == 3
+    monkeypatch.setenv("RCGRPO_TORCH_THREADS", "2")
+    assert torch_thread_count() == 2 and torch_thread_count(1) == 1  # explicit wins
+    before = torch.get_num_threads()
+    with torch_threads(1) as n:
+        assert n == 1 == torch.get_num_threads()
+    assert torch.get_num_threads() == before
+    monkeypatch.setenv("RCGRPO_TORCH_THREADS", "two")
+    with pytest.raises(ValueError, match="RCGRPO_TORCH_THREADS"):
+        torch_thread_count()
+
+
+def test_prefix_store_gives_the_longest_proper_prefix_once():
+    from rcgrpo.engines.hf import PrefixStore
+
+    store = PrefixStore()
+    store.put([1, 2], ["a"])
+    store.put([1, 2, 3], ["b"])
+    store.put([7, 2, 3], ["c"])
+    assert store.take([1, 2, 3]) == (2, ["a"])  # proper prefix only: [1, 2, 3] itself is not
+    assert store.take([1, 2, 3, 4]) == (3, ["b"])
+    assert store.take([1, 2, 3, 4]) is None  # each entry serves one continuation
+    assert store.take([7, 2, 3, 9]) == (3, ["c"]) and not any(store.by_len.values())

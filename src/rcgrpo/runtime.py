@@ -2,11 +2,15 @@
 
 Called by the CLI, the flows and the test suite (never at import time: importing rcgrpo has no
 side effects). Values already set in the environment win, so a user can override any of them.
+`torch_threads(n)` runs a block (the rollout engines' generate) with a deliberate torch thread
+count: n, else $RCGRPO_TORCH_THREADS, else 1 (measured below).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 DEFAULTS = {
@@ -37,3 +41,44 @@ def project_root() -> Path:
         if (parent / "params.yaml").exists() and (parent / "pyproject.toml").exists():
             return parent
     return Path.cwd()
+
+
+# -- torch CPU threads ---------------------------------------------------------------------------
+# Why 1 by default (bench/rollout.py, bfcl protocol, 32 episodes, tiny model, this 2-core box):
+#   quiet box (load ~1, the bench itself): 2 threads batched 2.64 s, naive 17.3 s;
+#                                          1 thread  batched 3.34 s, naive 26.1 s.
+#   shared box (load 3-4, other users):    2 threads batched 122 s,  naive 300 s;
+#                                          1 thread  batched 4.2-4.6 s, naive 29-30 s.
+# torch's OpenMP threads spin-wait between ops; when another process holds the second core, every
+# op of a decode step waits for a preempted thread (27x slower batched, 10x naive), while 1 thread
+# loses 1.3x (batched) to 1.5x (naive) on a quiet box. OMP_WAIT_POLICY=PASSIVE (sleep, not spin)
+# removed the cliff under load (2 threads 5.8 s) but cost 2.3x on the quiet box (6.1 s, a wake-up
+# per op), so it is not set here. On a dedicated machine set RCGRPO_TORCH_THREADS (or
+# rollout.threads) to its core count.
+TORCH_THREADS_ENV = "RCGRPO_TORCH_THREADS"
+DEFAULT_TORCH_THREADS = 1
+
+
+def torch_thread_count(n: int = 0) -> int:
+    """The thread count to use: n if > 0, else $RCGRPO_TORCH_THREADS, else the default."""
+    if n > 0:
+        return n
+    env = os.environ.get(TORCH_THREADS_ENV, "")
+    if env and not (env.isdigit() and int(env) > 0):
+        raise ValueError(f"{TORCH_THREADS_ENV} must be a positive integer, got {env!r}")
+    return int(env) if env else DEFAULT_TORCH_THREADS
+
+
+@contextmanager
+def torch_threads(n: int = 0) -> Iterator[int]:
+    """Run the block with torch_thread_count(n) intra-op threads, then restore the old count."""
+    import torch
+
+    old, new = torch.get_num_threads(), torch_thread_count(n)
+    if new != old:
+        torch.set_num_threads(new)
+    try:
+        yield new
+    finally:
+        if new != old:
+            torch.set_num_threads(old)

@@ -2,9 +2,10 @@
 
 `Engine.rollout(tasks, reward_tokens, protocol, seed)` creates one AgentLoop per task (repeat a
 task G times for a GRPO group), then repeatedly gathers every episode waiting for the model and
-generates their next messages in one batched call (`generate`, the only engine-specific part),
-until all episodes are over. Seeds are per episode and per step, `(seed, episode index, step)`,
-so an episode's samples do not depend on which other episodes share its batch.
+generates their next messages in one batched call (`generate`, the engine-specific part; an
+engine may also keep per-episode state, dropped in `finished`), until all episodes are over.
+Seeds are per episode and per step, `(seed, episode index, step)`, so an episode's samples do not
+depend on which other episodes share its batch.
 
     from rcgrpo.engines import RolloutConfig, make_engine
     engine = make_engine(RolloutConfig(), policy)
@@ -34,6 +35,8 @@ class RolloutConfig:
     max_total_tokens: int = 2048  # per episode: prompt + every turn (the token budget)
     max_steps: int = 20  # model messages per turn (BFCL's step limit)
     max_batch: int = 64  # most sequences in one batched generate call
+    prefix_cache: bool = True  # hf: an episode's next message prefills only its new tokens
+    threads: int = 0  # hf on the CPU: torch threads while generating (0 = runtime.torch_threads)
     vllm_gpu_memory_utilization: float = 0.6  # vllm only: share of GPU memory for the engine
     vllm_max_lora_rank: int = 64  # vllm only: upper bound on the adapter rank
 
@@ -44,6 +47,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.protocol must be 'bfcl' or 'combined': {self.protocol!r}")
         if not 0 < self.top_p <= 1 or self.temperature < 0:
             raise ValueError("rollout.top_p must be in (0, 1] and temperature >= 0")
+        if self.threads < 0:
+            raise ValueError(f"rollout.threads must be >= 0 (0 = default), got {self.threads}")
 
     @property
     def limits(self) -> Limits:
@@ -85,6 +90,10 @@ class Engine:
         """Serve the weights of `policy` from now on (call after every optimizer step)."""
         raise NotImplementedError
 
+    def finished(self, ids: list[int]) -> None:
+        """An episode of the running rollout is over, `ids` its final sequence: an engine that
+        keeps per-episode state (HFEngine's K/V) drops it here."""
+
     def rollout(
         self,
         tasks: Sequence[Task],
@@ -120,4 +129,6 @@ class Engine:
                     self.generated_tokens += len(sample.ids)
                     loops[i].feed(sample.ids, sample.logprobs)
                     steps[i] += 1
+                    if loops[i].pending() is None:
+                        self.finished(loops[i].ids)
         return [loop.result() for loop in loops]
