@@ -48,7 +48,7 @@ WORK = {
     "rcgrpo.trajectories.dataset": ["write_dataset", "select_tasks"],
     "rcgrpo.validation.runner": ["validate_dir"],
     "rcgrpo.sft": ["run_sft"],
-    "rcgrpo.grpo.trainer": ["run_rl"],
+    "rcgrpo.grpo.run": ["run_rl"],
     "rcgrpo.evaluation": ["run_eval"],
     "rcgrpo.report": ["write_report"],
 }

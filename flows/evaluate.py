@@ -43,35 +43,39 @@ def _fmt(a: dict | None) -> str:
 
 
 def table_markdown(report: dict) -> str:
-    """The evaluation table: one row per (checker, token, seed), % with Wilson 95% intervals."""
-    head = "| checker | token | seed | n | pooled | category mean | " + " | ".join(CATEGORIES)
-    lines = [head + " |", "|" + "---|" * (6 + len(CATEGORIES))]
-    for token, by_seed in report["runs"].items():
-        for seed, s in by_seed.items():
-            for checker, summary in s.items():
-                cats = summary["per_category"]
-                n = summary["pooled"].get("n", report.get("n_tasks", ""))
-                cells = [
-                    checker,
-                    token,
-                    str(seed),
-                    str(n),
-                    _fmt(summary["pooled"]),
-                    _fmt(summary["category_mean"]),
-                    *(_fmt(cats.get(c)) for c in CATEGORIES),
-                ]
-                lines.append("| " + " | ".join(cells) + " |")  # fmt: skip
+    """The evaluation table: one row per (protocol, checker, token, seed), % with Wilson 95%
+    intervals; the headline protocol first, then the other one (reported beside it)."""
+    head = "| protocol | checker | token | seed | n | pooled | category mean | "
+    lines = [head + " | ".join(CATEGORIES) + " |", "|" + "---|" * (7 + len(CATEGORIES))]
+    parts = [report, *(report.get("other_protocols") or {}).values()]
+    for part in parts:
+        for token, by_seed in part["runs"].items():
+            for seed, s in by_seed.items():
+                for checker, summary in s.items():
+                    cats = summary["per_category"]
+                    n = summary["pooled"].get("n", part.get("n_tasks", ""))
+                    cells = [part["protocol"], checker, token, str(seed), str(n),
+                             _fmt(summary["pooled"]), _fmt(summary["category_mean"]),
+                             *(_fmt(cats.get(c)) for c in CATEGORIES)]  # fmt: skip
+                    lines.append("| " + " | ".join(cells) + " |")
     for checker, gap in report.get("gap", {}).items():
         lines.append(f"\ncontrollability gap ({checker}): {100 * gap['mean']:+.1f} points")
-    lines.append(f"\nprotocol: {report['protocol']}, tasks: {report['n_tasks']}")
+    temperature = (report.get("config") or {}).get("temperature", 0.0)
+    decoding = "greedy" if not temperature else f"temperature {temperature}"
+    lines.append(f"\nheadline protocol: {report['protocol']} (the model's training protocol by "
+                 f"default), tasks: {report['n_tasks']}, {decoding} decoding")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 @task(cache_policy=NO_CACHE)
-def score(cfg, model_cfg, rollout_cfg, model_path: str, run_id: str) -> dict:
+def score(cfg, model_cfg, rollout_cfg, model_path: str, run_id: str, prefix: str) -> dict:
     from rcgrpo.evaluation import run_eval
 
-    log = tracking.metrics_logger(run_id)
+    to_mlflow = tracking.metrics_logger(run_id)
+
+    def log(metrics: dict, step: int) -> None:  # eval/x -> <prefix>/x
+        to_mlflow({prefix + k.removeprefix("eval"): v for k, v in metrics.items()}, step)
+
     return run_eval(cfg, model_cfg, model_path, rollout_cfg, log_metrics=log)
 
 
@@ -88,20 +92,22 @@ def evaluate_flow(
     model_overrides: dict | None = None,
     rollout_overrides: dict | None = None,
     name: str = "eval",
+    prefix: str = "eval",
 ) -> dict:
-    """Evaluate `model_path`; {"run_id", "report" (path), "table" (path), "metrics"}."""
+    """Evaluate `model_path`; {"run_id", "report" (path), "table" (path), "metrics"}. Metric
+    names start with `prefix` (eval/..., or rl_tasks/before/... for the RL-task evaluations)."""
     from flows.train import model_config, rollout_config
-    from rcgrpo.evaluation import flat_metrics
+    from rcgrpo.evaluation import flat_metrics, resolve_protocol
 
-    cfg = eval_config(overrides)
+    cfg = resolve_protocol(eval_config(overrides), model_path)
     model_cfg = model_config(model_overrides)
-    rollout_cfg = rollout_config({"protocol": cfg.protocol, **(rollout_overrides or {})})
+    rollout_cfg = rollout_config(rollout_overrides)
     config = {"eval": dataclasses.asdict(cfg), "model": dataclasses.asdict(model_cfg),
               "rollout": dataclasses.asdict(rollout_cfg), "model_path": model_path}  # fmt: skip
     with tracking.start_run(name, config=config, parent_run_id=parent_run_id,
                             tags={"stage": "eval"}) as run:  # fmt: skip
         run_id = run.info.run_id
-        report = score(cfg, model_cfg, rollout_cfg, model_path, run_id)
+        report = score(cfg, model_cfg, rollout_cfg, model_path, run_id, prefix)
         out = Path(cfg.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         report_path = out / "report.json"
@@ -109,7 +115,7 @@ def evaluate_flow(
             report_path.write_text(json.dumps(report, indent=1))
         table = out / "table.md"
         table.write_text(table_markdown(report))
-        metrics = flat_metrics(report)  # run_eval also wrote them to metrics.json (dvc.yaml)
+        metrics = flat_metrics(report, prefix)  # run_eval wrote eval/... to metrics.json too
         log_outputs(run_id, str(out))
     print(table.read_text())
     return {"run_id": run_id, "report": str(report_path), "table": str(table), "metrics": metrics}

@@ -1,9 +1,10 @@
 """The whole rcgrpo pipeline as one Prefect flow and one MLflow run with a nested run per stage:
 
     build_dataset (issue 4's flow: experts + failures, GX validation, DVC version)
-      -> fine-tune (RCTP-FT, or plain SFT with init="sft")
-      -> RL (RC-GRPO / GRPO from the fine-tuned model)
-      -> evaluate (held-out BFCL, both checkers, Wilson intervals)
+      -> fine-tune (RCTP-FT, or plain SFT: the variant's `init`, rcgrpo.variants)
+      -> RL (RC-GRPO / GRPO from the fine-tuned model, on the fine-tuning tasks)
+      -> evaluate (greedy: the RL tasks before and after RL, then the held-out BFCL tasks;
+                   both checkers, Wilson intervals, under the variant's reward goals)
       -> register the RL model in the MLflow Model Registry (data version, config, eval metrics)
       -> reports/<pipeline run id>/ (PNG plots + summary.md), also logged to MLflow
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.evaluate import eval_config, evaluate_flow
 from rcgrpo import tracking
 from rcgrpo.runtime import apply_defaults, project_root
 
@@ -40,14 +42,16 @@ def register(rl_run_id: str, name: str, config: dict, metrics: dict) -> str:
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def write_and_log_report(run_id: str, out_dir: str, info: dict, rl_run: str | None,
-                         ft_run: str | None, eval_report: str | None, table: str | None) -> str:  # fmt: skip
+                         ft_run: str | None, eval_report: str | None, table: str | None,
+                         rl_tasks: dict) -> str:  # fmt: skip
     from rcgrpo.report import write_report
 
     rl = tracking.metric_histories(rl_run) if rl_run else {}
     sft = tracking.metric_histories(ft_run) if ft_run else {}
     report = json.loads(Path(eval_report).read_text()) if eval_report else {}
     text = Path(table).read_text() if table else ""
-    summary = write_report(Path(out_dir), info, rl, sft, report, text)
+    before_after = {k: json.loads(Path(p).read_text()) for k, p in rl_tasks.items()}
+    summary = write_report(Path(out_dir), info, rl, sft, report, text, before_after)
     tracking.log_artifact(run_id, out_dir, "report")
     return str(summary)
 
@@ -56,58 +60,50 @@ def write_and_log_report(run_id: str, out_dir: str, info: dict, rl_run: str | No
 def pipeline_flow(
     overrides: dict[str, dict] | None = None,
     stages: list[str] | None = None,
-    init: str | None = None,
+    variant: str | None = None,
     register_name: str = "rcgrpo",
     report_root: str = "reports",
+    preset: str | None = None,
 ) -> dict:
-    """Run `stages` (default: params.yaml pipeline.stages, else all of STAGES) in order, from the
-    `init` fine-tuning stage (rctp | sft); returns paths, run ids, the model version."""
+    """Run `stages` (default: params.yaml pipeline.stages, else all of STAGES) in order, for one
+    of the paper's four recipes (`variant`, rcgrpo.variants), with one of params.yaml's
+    `presets` on top of the stage sections (default pipeline.variant / pipeline.preset);
+    returns paths, run ids, the model version."""
     from flows.build_dataset import build_dataset_flow
-    from flows.evaluate import evaluate_flow
     from flows.train import train_flow
-    from rcgrpo.config import read_params
 
-    params = read_params()
-    # params.yaml `pipeline:` holds what the main command runs by default (the CPU-sized
-    # overrides, the stages); `overrides` given here win over it, section by section.
-    pp = params.get("pipeline") or {}
-    base, given = pp.get("overrides") or {}, overrides or {}
-    ov = {k: {**(base.get(k) or {}), **(given.get(k) or {})} for k in {*base, *given}}
-    stages = list(pp.get("stages", STAGES) if stages is None else stages)
-    init = init or (ov.get("rl") or {}).get("init") or pp.get("init", "rctp")
-    unknown = sorted(set(stages) - set(STAGES))
-    if unknown or init not in ("rctp", "sft"):
-        raise ValueError(f"stages {unknown} / init {init!r}: expected {STAGES} and rctp|sft")
-    check_configs(ov, stages, init)  # a typo fails here, before any run is opened
-    config = {k: {**(params.get(k) or {}), **ov.get(k, {})} if isinstance(params.get(k), dict)
-              else params.get(k) for k in params if k != "pipeline"}  # fmt: skip
-    config["pipeline"] = {"stages": stages, "init": init, "overrides": ov}
-    out: dict = {"stages": stages}
-    with tracking.start_run("pipeline", config=config, tags={"stage": "pipeline"}) as run:
+    plan = plan_run(overrides, stages, variant, preset)
+    ov, stages, v, preset, config = (plan[k] for k in ("ov", "stages", "variant", "preset",
+                                                      "config"))  # fmt: skip
+    out: dict = {"stages": stages, "variant": v.name, "preset": preset}
+    with tracking.start_run("pipeline", config=config,
+                            tags={"stage": "pipeline", "variant": v.name}) as run:  # fmt: skip
         pid = run.info.run_id
         out["run_id"] = pid
         if "data" in stages:
-            built = build_dataset_flow(overrides=ov.get("dataset", {}))  # a subflow
+            built = build_dataset_flow(overrides=ov.get("dataset", {}),
+                                       model_overrides=ov.get("model"))  # a subflow  # fmt: skip
             out["data"] = {k: built.get(k) for k in ("rev", "md5", "counts") if k in built}
             tracking.log_metrics(pid, _counts(built.get("counts") or {}), 0)
         # the data version as it is now (after the build), on the pipeline run itself
         dv = tracking.data_version()
-        tracking.set_tags(pid, {f"data.{k}": v for k, v in dv.items()}
+        tracking.set_tags(pid, {f"data.{k}": val for k, val in dv.items()}
                           | {"data.version": f"{dv['rev'][:12]}:{dv['md5']}"})  # fmt: skip
         out["data_version"] = f"{dv['rev'][:12]}:{dv['md5']}"
         model_ov, rollout_ov = ov.get("model"), ov.get("rollout")
         ft = rl = ev = None
         if "finetune" in stages:
-            ft = train_flow(init, pid, ov.get(init), model_ov)
+            ft = train_flow(v.init, pid, ov.get(v.init), model_ov)
             out["finetune"] = {"run_id": ft["run_id"], "model_path": ft["model_path"]}
         if "rl" in stages:
-            rl_ov = {**ov.get("rl", {}), "init": init}
+            rl_ov = dict(ov["rl"])
             if ft:
                 rl_ov["init_path"] = ft["model_path"]
             rl = train_flow("rl", pid, rl_ov, model_ov, rollout_ov)
             out["rl"] = {"run_id": rl["run_id"], "model_path": rl["model_path"]}
         last = rl or ft
         if "eval" in stages and last:
+            out["rl_tasks"] = evaluate_rl_tasks(pid, ov, ft, rl)
             ev = evaluate_flow(last["model_path"], pid, ov.get("eval"), model_ov, rollout_ov)
             out["eval"] = {k: ev[k] for k in ("run_id", "report", "table")}
             tracking.log_metrics(pid, ev["metrics"], 0)
@@ -117,21 +113,74 @@ def pipeline_flow(
             tracking.set_tags(pid, {"model_version": out["model_version"]})
         report_dir = Path(report_root)
         report_dir = report_dir if report_dir.is_absolute() else project_root() / report_dir
-        info = {"run_id": pid, "profile": (config.get("model") or {}).get("profile"),
+        info = {"run_id": pid, "variant": v.name, "preset": preset,
+                "profile": (config.get("model") or {}).get("profile"),
                 "data_version": out["data_version"], "git_commit": run.data.tags.get("git.commit"),
                 "model_version": out.get("model_version"),
                 "mlflow_ui": "rcgrpo ui, then " + tracking.run_url(pid)}  # fmt: skip
         out["report"] = write_and_log_report(
             pid, str(report_dir / pid), info, rl and rl["run_id"], ft and ft["run_id"],
-            ev and ev["report"], ev and ev["table"],
+            ev and ev["report"], ev and ev["table"], out.get("rl_tasks") or {},
         )  # fmt: skip
     print(json.dumps(out, indent=1, default=str))
     return out
 
 
+def evaluate_rl_tasks(pid: str, ov: dict, ft: dict | None, rl: dict | None) -> dict:
+    """Greedy success on the tasks RL trained on, before RL (the fine-tuned model) and after:
+    what RL itself changed. Logged on the pipeline run as rl_tasks/{before,after}/...; returns
+    {"before" | "after": report.json path}."""
+    from flows.train import stage_config
+
+    rl_cfg = stage_config("rl", ov.get("rl"))
+    before = ft["model_path"] if ft else (rl_cfg.start_path if rl else None)
+    # the held-out evaluation's settings (goals, temperature, seeds), on the RL tasks instead
+    eval_ov = {**ov["eval"], "split": "train", "task_file": rl_cfg.tasks_from,
+               "other_protocol": False}  # fmt: skip
+    out = {}
+    for when, model in (("before", before), ("after", rl and rl["model_path"])):
+        if not model:
+            continue
+        ev = evaluate_flow(model, pid, {**eval_ov, "out_dir": f"outputs/eval_rl_tasks/{when}"},
+                           ov.get("model"), ov.get("rollout"), name=f"eval_rl_tasks_{when}",
+                           prefix=f"rl_tasks/{when}")  # fmt: skip
+        tracking.log_metrics(pid, ev["metrics"], 0)
+        out[when] = ev["report"]
+    return out
+
+
+def plan_run(overrides=None, stages=None, variant=None, preset=None) -> dict:
+    """What a pipeline run will do, checked before any run is opened: {"ov": the overrides per
+    section (preset, then `overrides`, then the variant's RL fields and eval goals), "stages",
+    "variant" (rcgrpo.variants.Variant), "preset", "config" (every section as it will run)}."""
+    from rcgrpo.config import read_params
+    from rcgrpo.variants import get_variant
+
+    params = read_params()
+    # params.yaml `pipeline:` holds what the main command runs by default (the stages, the
+    # variant, the preset); `overrides` given here win over the preset, section by section.
+    pp = params.get("pipeline") or {}
+    preset = preset or pp.get("preset", "cpu")
+    presets = params.get("presets") or {}
+    if preset not in presets:
+        raise ValueError(f"preset {preset!r} is not in params.yaml presets: {sorted(presets)}")
+    base, given = presets[preset] or {}, overrides or {}
+    ov = {k: {**(base.get(k) or {}), **(given.get(k) or {})} for k in {*base, *given}}
+    stages = list(pp.get("stages", STAGES) if stages is None else stages)
+    v = get_variant(variant or pp.get("variant", "rctp+rc-grpo"))
+    if unknown := sorted(set(stages) - set(STAGES)):
+        raise ValueError(f"unknown stages {unknown}: expected a subset of {STAGES}")
+    ov["rl"] = {**ov.get("rl", {}), **v.rl_overrides()}
+    ov["eval"] = {"tokens": list(v.eval_tokens), **ov.get("eval", {})}
+    check_configs(ov, stages, v.init)  # a typo fails here, before any run is opened
+    config = {k: {**(params.get(k) or {}), **ov.get(k, {})} if isinstance(params.get(k), dict)
+              else params.get(k) for k in params if k not in ("pipeline", "presets")}  # fmt: skip
+    config["pipeline"] = {"stages": stages, "variant": v.name, "preset": preset, "overrides": ov}
+    return {"ov": ov, "stages": stages, "variant": v, "preset": preset, "config": config}
+
+
 def check_configs(ov: dict, stages: list[str], init: str) -> None:
     """Build every stage's config from params.yaml + overrides (raises ConfigError on a typo)."""
-    from flows.evaluate import eval_config
     from flows.train import model_config, rollout_config, stage_config
     from rcgrpo.trajectories.dataset import load_config
 
@@ -142,7 +191,7 @@ def check_configs(ov: dict, stages: list[str], init: str) -> None:
     if "finetune" in stages:
         stage_config(init, ov.get(init))
     if "rl" in stages:
-        stage_config("rl", {**ov.get("rl", {}), "init": init})
+        stage_config("rl", ov.get("rl"))
     if "eval" in stages:
         eval_config(ov.get("eval"))
 

@@ -47,6 +47,7 @@ def stage_config(stage: str, overrides: dict | None = None, root: Path | None = 
     fixes = {"out_dir": _abs(cfg.out_dir, root)}
     if stage == "rl":
         fixes["init_path"] = _abs(cfg.init_path, root)
+        fixes["tasks_from"] = _abs(cfg.tasks_from, root)
     else:
         fixes["data"] = _abs(cfg.data, root)
     return dataclasses.replace(cfg, **fixes)
@@ -94,7 +95,7 @@ def fit(stage: str, cfg, model_cfg, rollout_cfg, run_id: str) -> str:
             bar.update(job, completed=step, info=info)
 
         if stage == "rl":
-            from rcgrpo.grpo.trainer import run_rl
+            from rcgrpo.grpo.run import run_rl
 
             final = run_rl(cfg, model_cfg, rollout_cfg, log_metrics=log)
         else:

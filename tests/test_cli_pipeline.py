@@ -54,3 +54,54 @@ def test_a_typo_in_an_override_fails_before_any_run_is_opened():
     check_configs({"rl": {"steps": 2}, "eval": {"limit": 1}}, ["finetune", "rl", "eval"], "rctp")
     with pytest.raises(ConfigError, match="bogus"):
         check_configs({"rl": {"bogus": 1}}, ["rl"], "rctp")
+
+
+def _plan(**kw):
+    from rcgrpo.runtime import project_root
+
+    if str(project_root()) not in sys.path:
+        sys.path.insert(0, str(project_root()))
+    from flows.pipeline import plan_run
+    from flows.train import stage_config
+
+    plan = plan_run(**kw)
+    return plan, {s: stage_config(s, plan["ov"].get(s)) for s in ("rctp", "sft", "rl")}
+
+
+def test_paper_preset_is_the_papers_hyperparameters():
+    # ../shared/paper-notes.md, "Hyperparameters reported"
+    plan, cfg = _plan(preset="paper")
+    rctp, sft, rl = cfg["rctp"], cfg["sft"], cfg["rl"]
+    assert (rctp.mode, rctp.lr, rctp.batch_size, rctp.epochs) == ("rctp", 1e-5, 16, 5)
+    assert (sft.mode, sft.lr, sft.batch_size, sft.epochs) == ("sft", 1e-5, 16, 2)
+    assert (rl.lr, rl.group_size, rl.kl_coef, rl.clip_eps, rl.p_high, rl.steps) == (
+        1e-6, 5, 0.1, 0.2, 0.5, 400,
+    )  # fmt: skip
+    assert rl.tasks_per_step == 256 and rl.mini_batch_size == 320  # 4 PPO updates per step
+    assert plan["preset"] == "paper" and plan["config"]["rl"]["lr"] == 1e-6
+
+
+def test_cpu_preset_is_the_default_and_a_bad_preset_names_the_known_ones():
+    plan, cfg = _plan()
+    assert plan["preset"] == "cpu" and cfg["rl"].lr > 1e-6  # a 1M model needs a larger step
+    assert plan["ov"]["dataset"]["train_max_calls"] == 3
+    with pytest.raises(
+        ValueError, match=r"'gpu' is not in params.yaml presets: \['cpu', 'paper'\]"
+    ):
+        _plan(preset="gpu")
+
+
+@pytest.mark.parametrize(
+    "variant, init, conditioning, p_high, tokens",
+    [
+        ("sft+grpo", "sft", "none", 0.5, ["none"]),
+        ("sft+rc-grpo", "sft", "rc", 0.5, ["none", "high", "low"]),
+        ("rctp+grpo", "rctp", "rc", 1.0, ["high", "low"]),  # always <|high_reward|>
+        ("rctp+rc-grpo", "rctp", "rc", 0.5, ["high", "low"]),
+    ],
+)
+def test_variants_are_the_papers_baselines(variant, init, conditioning, p_high, tokens):
+    plan, cfg = _plan(variant=variant)
+    rl = cfg["rl"]
+    assert (rl.init, rl.conditioning, rl.p_high) == (init, conditioning, p_high)
+    assert plan["ov"]["eval"]["tokens"] == tokens and plan["variant"].name == variant

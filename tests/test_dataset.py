@@ -6,6 +6,7 @@ failures of the recorded kind, labels and balance follow the reward (no Prefect,
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import Counter
 
@@ -145,3 +146,19 @@ def test_build_is_deterministic_and_seed_sensitive(tmp_path):
     )  # none given
     assert manifest["config"]["rollout_profile"] == ""  # nothing rolled out: nothing resolved
     assert len(read_jsonl(tmp_path / "a" / "sft" / "test.jsonl")) == 4
+
+
+def test_train_filter_picks_short_base_tasks_and_never_touches_test():
+    # the cpu preset's selection: base tasks whose ground truth has <= 3 calls (26 of 180)
+    cfg = DatasetConfig(train_tasks=8, train_categories=("base",), train_max_calls=3)
+    every = select_tasks(dataclasses.replace(cfg, train_tasks=0), "train")
+    assert len(every) == 26 and {t.category for t in every} == {"base"}
+    assert max(sum(map(len, t.ground_truth)) for t in every) == 3
+    picked = select_tasks(cfg, "train")
+    assert len(picked) == 8 and {t.id for t in picked} <= {t.id for t in every}
+    assert picked == select_tasks(cfg, "train")  # seeded
+    assert len(select_tasks(cfg, "test")) == 80  # the reported split stays whole
+    with pytest.raises(ValueError, match="the shortest have 2"):
+        select_tasks(dataclasses.replace(cfg, train_max_calls=1), "train")
+    with pytest.raises(ValueError, match="train_categories"):
+        DatasetConfig(train_categories=("nope",))

@@ -43,7 +43,9 @@ def test_repro_reruns_only_what_changed_and_exp_run_ablation(tmp_path):
         env.pop(key, None)
     params = yaml.safe_load((proj / "params.yaml").read_text())
     params["rctp"]["epochs"] = 1
-    params["rl"].update(steps=1, tasks_per_step=2, group_size=2)
+    params["rl"].update(
+        steps=1, tasks_per_step=2, group_size=2, mini_batch_size=2, micro_batch_size=2
+    )
     params["eval"].update(limit=1, tokens=["high", "low"])
     params["rollout"].update(max_new_tokens=16, max_steps=2)
     (proj / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

@@ -60,16 +60,23 @@ def test_evaluate_reports_gap_and_writes_bfcl_result_files(tmp_path):
     from rcgrpo.bfcl.tasks import get_task
 
     engine, logged = OracleEngine(), []
-    cfg = EvalConfig(tokens=("high", "low"), seeds=(0, 1), limit=1, out_dir=str(tmp_path))
+    cfg = EvalConfig(protocol="bfcl", tokens=("high", "low"), seeds=(0, 1), limit=1,
+                     out_dir=str(tmp_path))  # fmt: skip
     report = evaluate(engine, cfg, log_metrics=lambda m, s: logged.append((m, s)))
-    assert engine.calls == [(4, "bfcl", 0), (4, "bfcl", 0), (4, "bfcl", 1), (4, "bfcl", 1)]
+    # per seed: both tokens in the headline protocol, then the first token in the other one
+    assert engine.calls == [(4, "bfcl", 0), (4, "bfcl", 0), (4, "combined", 0),
+                            (4, "bfcl", 1), (4, "bfcl", 1), (4, "combined", 1)]  # fmt: skip
     assert report["n_tasks"] == 4 and report["protocol"] == "bfcl"
+    beside = report["other_protocols"]["combined"]
+    assert beside["protocol"] == "combined" and list(beside["runs"]) == ["high"]
     for checker in ("paper", "bfcl"):
         assert report["runs"]["high"][0][checker]["pooled"]["value"] == 1.0
         assert report["runs"]["low"][1][checker]["pooled"]["value"] == 0.0
         assert report["gap"][checker] == {"per_seed": [1.0, 1.0], "mean": 1.0}
     metrics = logged[0][0]
     assert metrics["eval/bfcl/high/pooled"] == 1.0 and metrics["eval/paper/gap"] == 1.0
+    assert "eval/combined_protocol/paper/high/pooled" in metrics
+    assert not any(k.startswith("eval/combined_protocol/paper/low") for k in metrics)
     assert metrics == flat_metrics(json.loads((tmp_path / "report.json").read_text()))
 
     # bfcl-eval's own decoder + checker accept the result files we wrote
@@ -93,7 +100,9 @@ def test_compare_table_and_chart(tmp_path):
     from rcgrpo.compare import load_report, rows
 
     for name, tokens in (("oracle", ("high", "low")), ("empty", ("low",))):
-        evaluate(OracleEngine(), EvalConfig(tokens=tokens, limit=1, out_dir=str(tmp_path / name)))
+        cfg = EvalConfig(protocol="bfcl", other_protocol=False, tokens=tokens, limit=1,
+                         out_dir=str(tmp_path / name))  # fmt: skip
+        evaluate(OracleEngine(), cfg)
     table = rows({"oracle": load_report(tmp_path / "oracle")}, "bfcl", "high")
     assert table[0]["pooled"]["value"] == 1.0 and table[0]["gap"] == 1.0
     png = tmp_path / "cmp.png"
@@ -107,3 +116,52 @@ def test_compare_table_and_chart(tmp_path):
     # a run evaluated without the requested token is an error that says so
     result = CliRunner().invoke(app, ["compare", str(tmp_path / "empty"), "--png", str(png)])
     assert result.exit_code != 0 and "not evaluated with token 'high'" in result.output
+
+
+def test_headline_protocol_is_the_one_the_model_was_trained_with(tmp_path):
+    from rcgrpo.evaluation import resolve_protocol
+    from rcgrpo.models import POLICY_FILE
+
+    assert EvalConfig().protocol == "trained" and EvalConfig().temperature == 0.0  # greedy
+    (tmp_path / POLICY_FILE).write_text(json.dumps({"training": {"protocol": "combined"}}))
+    assert resolve_protocol(EvalConfig(), tmp_path).protocol == "combined"
+    assert resolve_protocol(EvalConfig(), tmp_path / "base").protocol == "bfcl"  # nothing saved
+    assert resolve_protocol(EvalConfig(protocol="bfcl"), tmp_path).protocol == "bfcl"
+    with pytest.raises(ValueError, match="resolve it first"):
+        evaluate(OracleEngine(), EvalConfig(limit=1, out_dir=str(tmp_path)))
+
+
+def test_task_file_restricts_the_tasks_and_refuses_the_other_split(tmp_path):
+    from rcgrpo.bfcl.tasks import get_task
+    from rcgrpo.evaluation import eval_tasks
+    from rcgrpo.trajectories.experts import expert
+    from rcgrpo.trajectories.record import write_jsonl
+
+    ids = ["multi_turn_base_11", "multi_turn_miss_param_42"]
+    path = write_jsonl(tmp_path / "rl.jsonl", [expert(get_task(i), "combined") for i in ids])
+    cfg = EvalConfig(split="train", task_file=str(path))
+    assert sorted(t.id for t in eval_tasks(cfg)) == sorted(ids)
+    with pytest.raises(ValueError, match="are not test tasks"):
+        eval_tasks(EvalConfig(split="test", task_file=str(path)))
+
+
+def test_run_eval_decodes_greedily_whatever_the_rollout_temperature(tmp_path, monkeypatch):
+    import rcgrpo.engines as engines
+    from rcgrpo.engines import RolloutConfig
+    from rcgrpo.evaluation import run_eval
+    from rcgrpo.models import ModelConfig, load_policy, save_policy
+
+    folder = save_policy(load_policy(ModelConfig()), tmp_path / "policy", {"protocol": "bfcl"})
+    built, real = [], engines.make_engine
+    monkeypatch.setattr(engines, "make_engine", lambda cfg, p: built.append(cfg) or real(cfg, p))
+    sampled = RolloutConfig(temperature=1.0, max_new_tokens=8, max_total_tokens=1024, max_steps=1)
+    texts = []
+    for seed in (0, 1):
+        cfg = EvalConfig(other_protocol=False, tokens=("none",), seeds=(seed,), limit=1,
+                         out_dir=str(tmp_path / f"s{seed}"))  # fmt: skip
+        report = run_eval(cfg, ModelConfig(), folder, sampled)
+        files = sorted((tmp_path / f"s{seed}" / "bfcl_results").rglob("*.json"))
+        texts.append([f.read_text() for f in files])
+    assert [(c.temperature, c.protocol) for c in built] == [(0.0, "bfcl")] * 2  # trained: bfcl
+    assert report["protocol"] == "bfcl" and report["config"]["temperature"] == 0.0
+    assert texts[0] == texts[1]  # greedy: the seed changes nothing

@@ -102,9 +102,9 @@ def test_unknown_profile_and_missing_path_say_what_to_do(tmp_path):
         load_policy(ModelConfig(), adapter_path=tmp_path)
 
 
-def test_hub_profiles_carry_paper_hparams_and_fail_offline_clearly():
+def test_hub_profiles_use_lora_and_fail_offline_clearly():
     for name in ("qwen2.5-7b-instruct", "llama-3.1-8b-instruct"):
-        assert PROFILES[name].hparams["grpo_lr"] == 1e-6 and PROFILES[name].lora
+        assert PROFILES[name].lora and not PROFILES[name].compact_docs
     with pytest.raises(FileNotFoundError, match="offline"):
         load_policy(ModelConfig(profile="qwen2.5-7b-instruct"))
 

@@ -23,8 +23,9 @@ from rcgrpo.runtime import project_root
 pytestmark = pytest.mark.slow
 
 TINY = [
-    "dataset.train_tasks=8", "dataset.test_tasks=4", 'dataset.rollouts="off"',
-    "rctp.epochs=1", "rl.steps=2", "rl.tasks_per_step=2", "rl.group_size=2", "eval.limit=1",
+    "dataset.train_tasks=4", "dataset.test_tasks=4", 'dataset.rollouts="off"',
+    "rctp.epochs=1", "rl.steps=2", "rl.tasks_per_step=2", "rl.group_size=2",
+    "rl.mini_batch_size=2", "rl.micro_batch_size=2", "eval.limit=1",
     "rollout.max_new_tokens=24", "rollout.max_total_tokens=1024", "rollout.max_steps=2",
 ]  # fmt: skip
 
@@ -88,13 +89,23 @@ def test_main_command_on_tiny_profile(prefect_server, tmp_path):
     assert pipeline.data.params["rl.steps"] == "2"
     stages = {r.info.run_name: r for r in runs
               if r.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id}  # fmt: skip
-    assert set(stages) == {"rctp", "rl", "eval"}
+    assert set(stages) == {"rctp", "rl", "eval", "eval_rl_tasks_before", "eval_rl_tasks_after"}
     for r in stages.values():
         assert r.info.status == "FINISHED" and r.data.tags["data.md5"] == dvc_md5
     assert client.get_metric_history(stages["rctp"].info.run_id, "sft/loss")
     rl_id = stages["rl"].info.run_id
     assert len(client.get_metric_history(rl_id, "rollout/zero_variance_frac")) == 2
     assert "eval/paper/high/pooled" in stages["eval"].data.metrics
+    assert "eval/bfcl_protocol/paper/high/pooled" in stages["eval"].data.metrics  # beside it
+    # RL-task success before and after RL, on the pipeline run; the RL tasks are the data's
+    rl_tasks = json.loads((proj / "outputs" / "rl" / "tasks.json").read_text())
+    data_tasks = {json.loads(ln)["task_id"]
+                  for ln in (proj / "data" / "rctp" / "train.jsonl").read_text().splitlines()}  # fmt: skip
+    assert set(rl_tasks) == data_tasks and len(rl_tasks) == 4
+    for when in ("before", "after"):
+        for token in ("high", "low"):
+            assert f"rl_tasks/{when}/paper/{token}/pooled" in pipeline.data.metrics
+        assert f"rl_tasks/{when}/paper/gap" in pipeline.data.metrics
     assert "model" in [a.path for a in client.list_artifacts(rl_id)]
     assert "eval/table.md" in [a.path for a in client.list_artifacts(stages["eval"].info.run_id,
                                                                       "eval")]  # fmt: skip
@@ -112,6 +123,9 @@ def test_main_command_on_tiny_profile(prefect_server, tmp_path):
 
     # the evaluation table and the report folder
     table = (proj / "outputs" / "eval" / "table.md").read_text()
-    assert "| paper | high | 0 | 4 |" in table and "long_context" in table
+    assert "| combined | paper | high | 0 | 4 |" in table and "long_context" in table
+    assert "| bfcl | paper | high | 0 | 4 |" in table and "greedy decoding" in table
     summary = proj / "reports" / pipeline.info.run_id / "summary.md"
-    assert "Table 1" in summary.read_text() and (summary.parent / "zero_variance.png").exists()
+    text = summary.read_text()
+    assert "Table 1" in text and (summary.parent / "zero_variance.png").exists()
+    assert "before and after RL" in text and "| high | " in text and "not expected to solve" in text

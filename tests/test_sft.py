@@ -104,3 +104,25 @@ def test_training_learns_the_answers_and_resumes_exactly(tmp_path):
     resumed = train_sft(tiny_model(), data, cut, resume=True)
     assert len(resumed) == 8
     assert [m["sft/loss"] for m in resumed] == [m["sft/loss"] for m in history[4:]]
+
+
+def test_masked_logits_equal_the_full_forward_and_lora_reaches_them():
+    from peft import LoraConfig, get_peft_model
+
+    from rcgrpo.forward import masked_logits
+
+    ids = torch.tensor([[1, 5, 9, 3, 7, 2], [4, 4, 8, 1, 0, 0]])
+    attn = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    targets = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 0, 0]])  # aligned with ids[:, 1:]
+    base = tiny_model()
+    lora = get_peft_model(tiny_model(), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():  # B != 0: the adapter changes the output
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    for model in (base, lora):
+        full = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, T-1, V)
+        logits, where = masked_logits(model, ids, attn, targets)
+        assert logits.shape == (5, 32) and where.sum() == 5
+        torch.testing.assert_close(logits, full[where], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(masked_logits(base, ids, attn, targets)[0], logits)  # LoRA acts

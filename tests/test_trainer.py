@@ -135,10 +135,10 @@ def test_mini_batches_are_ppo_updates_against_one_pi_old(tmp_path, monkeypatch, 
     forwards, losses = [], []  # (grad enabled, ids, attn) per policy forward; policy_loss args
     logprobs, real_loss = trainer._logprobs, trainer_mod.policy_loss
 
-    def counting_logprobs(model, ids, attn):
+    def counting_logprobs(model, ids, attn, mask):
         if model is trainer.model:
             forwards.append((torch.is_grad_enabled(), ids, attn))
-        return logprobs(model, ids, attn)
+        return logprobs(model, ids, attn, mask)
 
     def recording_loss(logp, old, adv, mask, ref, **kw):
         losses.append((logp.detach(), old, mask))
@@ -186,3 +186,12 @@ def test_mini_batch_size_is_validated():
         RLConfig(tasks_per_step=3, group_size=4, mini_batch_size=6, micro_batch_size=4)
     with pytest.raises(ValueError, match="must divide the batch"):
         RLConfig(tasks_per_step=3, group_size=4, mini_batch_size=8, micro_batch_size=4)
+
+
+def test_rctp_grpo_baseline_prompts_always_carry_the_high_goal(tmp_path):
+    # rcgrpo.variants "rctp+grpo": conditioning rc with P(high) = 1, never a goal-free prompt
+    trainer, history = run(tmp_path, steps=1, p_high=1.0)
+    for step in (1, 2, 3):
+        assert set(trainer.draw(step)[1]) == {HIGH}
+    assert "reward/mean_low" not in history[0] and "reward/token_gap" not in history[0]
+    assert history[0]["reward/mean_high"] == history[0]["reward/mean"]

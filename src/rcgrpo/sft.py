@@ -91,12 +91,12 @@ def pad(examples: list[tuple[torch.Tensor, torch.Tensor]], pad_id: int = 0):
 
 
 def summed_ce(model, ids, mask, attn) -> torch.Tensor:
-    """Sum of -log p(token) over assistant tokens; logits at t-1 predict token t."""
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, T-1, V)
-    ce = torch.nn.functional.cross_entropy(
-        logits.float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none"
-    ).view_as(ids[:, 1:])  # (B, T-1)
-    return (ce * mask[:, 1:]).sum()
+    """Sum of -log p(token) over assistant tokens; the logits at t-1 predict token t, and are
+    computed at the assistant positions only (rcgrpo.forward.masked_logits)."""
+    from rcgrpo.forward import masked_logits
+
+    logits, where = masked_logits(model, ids, attn, mask[:, 1:])  # (N, V), (B, T-1)
+    return torch.nn.functional.cross_entropy(logits.float(), ids[:, 1:][where], reduction="sum")
 
 
 def lr_lambda(total: int, warmup_ratio: float):
@@ -201,11 +201,15 @@ def run_sft(
     from rcgrpo.trajectories.record import read_jsonl
 
     policy = load_policy(model_cfg)
-    examples = render_examples(policy, read_jsonl(cfg.data), cfg)
+    records = read_jsonl(cfg.data)
+    examples = render_examples(policy, records, cfg)
     pad_id = policy.tokenizer.pad_token_id or 0
     history = train_sft(policy.model, examples, cfg, log_metrics, resume=resume, pad_id=pad_id)
     final = Path(cfg.out_dir) / "final"
-    save_policy(policy, final)
+    protocols = sorted({r.protocol for r in select(records, cfg.mode)})
+    save_policy(
+        policy, final, {"stage": cfg.mode, "protocol": "+".join(protocols), "data": cfg.data}
+    )
     if history:  # flat {name: number} of the last step, for dvc.yaml `metrics:`
         (Path(cfg.out_dir) / "metrics.json").write_text(json.dumps(history[-1], indent=1) + "\n")
     if log_artifact is not None:

@@ -1,6 +1,7 @@
 """`rcgrpo run|ui|schedule`: the whole pipeline, the two UIs, and the nightly schedule.
 
     rcgrpo run                                   # data -> RCTP-FT -> RC-GRPO -> eval -> registry
+    rcgrpo run --variant sft+grpo                # one of the paper's baselines instead
     rcgrpo run --set rl.steps=2 --set eval.limit=1 --stages finetune,rl,eval
     rcgrpo ui                                    # MLflow UI :5000 + Prefect UI :4200, Ctrl-C stops
     rcgrpo schedule --cron "0 2 * * *"           # serve the pipeline nightly (needs `rcgrpo ui`)
@@ -63,7 +64,14 @@ def run(
         help="comma-separated subset of data,finetune,rl,eval "
         "(default: params.yaml pipeline.stages, else all)",
     ),
-    init: str = typer.Option("", help="fine-tuning stage before RL: rctp | sft (default rctp)"),
+    variant: str = typer.Option(
+        "",
+        help="rctp+rc-grpo | rctp+grpo | sft+rc-grpo | sft+grpo (default: params.yaml "
+        "pipeline.variant); see rcgrpo.variants",
+    ),
+    preset: str = typer.Option(
+        "", help="cpu | paper: params.yaml presets (default: pipeline.preset, cpu)"
+    ),
     profile: str = typer.Option("", help="model profile (shortcut for --set model.profile=...)"),
     register_name: str = typer.Option("rcgrpo", help="Model Registry name of the RL model"),
 ) -> None:
@@ -79,7 +87,8 @@ def run(
     started = time.monotonic()
     chosen = [s.strip() for s in stages.split(",") if s.strip()] or None
     try:
-        out = pipeline_flow(overrides, chosen, init or None, register_name)
+        out = pipeline_flow(overrides, chosen, variant or None, register_name,
+                            preset=preset or None)  # fmt: skip
     except (ConfigError, ValueError) as e:
         typer.secho(f"rcgrpo run: {e}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -90,6 +99,7 @@ def run(
         f"pipeline finished in {minutes:.1f} min (MLflow run {out['run_id']})",
         f"  data version     {out.get('data_version')}",
         f"  model version    {out.get('model_version', '-')} (MLflow Model Registry)",
+        f"  RL tasks         {_before_after(out.get('rl_tasks') or {})}",
         f"  evaluation table {out.get('eval', {}).get('table', '-')}",
         f"  report           {out['report']}",
         f"  MLflow store     {tracking.tracking_uri()}",
@@ -97,6 +107,27 @@ def run(
         f"  Prefect          {api}   (UI: http://127.0.0.1:4200 with rcgrpo ui)",
     ]
     typer.echo("\n".join(lines))
+
+
+def _before_after(reports: dict) -> str:
+    """'high 3/8 -> 8/8, low 1/8 -> 2/8 (greedy, paper reward)' from the RL-task reports."""
+    import json
+    from pathlib import Path
+
+    loaded = {k: json.loads(Path(p).read_text()) for k, p in reports.items()}
+    if not loaded:
+        return "-"
+
+    def count(when: str, token: str) -> str:
+        runs = (loaded.get(when) or {}).get("runs", {}).get(token)
+        if not runs:
+            return "?"
+        a = runs[min(runs)]["paper"]["pooled"]
+        return f"{a['k']:g}/{a['n']:g}"
+
+    tokens = sorted({t for r in loaded.values() for t in r["runs"]})
+    parts = [f"{t} {count('before', t)} -> {count('after', t)}" for t in tokens]
+    return ", ".join(parts) + " (success before -> after RL; greedy, paper reward)"
 
 
 def ui(

@@ -69,7 +69,8 @@ def train(
         final = run_sft(cfg, model_cfg, log_metrics=_printer(), resume=resume)
     else:
         from rcgrpo.engines import RolloutConfig
-        from rcgrpo.grpo.trainer import RLConfig, run_rl
+        from rcgrpo.grpo.run import run_rl
+        from rcgrpo.grpo.trainer import RLConfig
 
         cfg = _section("rl", RLConfig, set_, params)
         rollout_cfg = _section("rollout", RolloutConfig, [], params)  # engine, temperature, limits

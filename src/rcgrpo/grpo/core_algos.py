@@ -217,7 +217,7 @@ def minibatch_indices(
 
 
 def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """log p(ids[t] | context) from logits (B, T, V) already aligned with ids (B, T) -> (B, T).
+    """log p(ids[t] | context) from logits (..., V) already aligned with ids (...) -> (...), e.g. (B, T, V) or (N, V).
 
     Computed as logit - logsumexp (no (B, T, V) log-softmax copy kept for the backward)."""
     picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)

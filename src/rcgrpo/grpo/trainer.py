@@ -23,7 +23,6 @@ The paper's comparisons are one field away: `init` sft|rctp, `conditioning` none
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from typing import Literal
 import torch
 
 from rcgrpo import checkpoint
+from rcgrpo.forward import masked_logits, scatter
 from rcgrpo.grpo.core_algos import (
     group_advantages,
     group_reward_stats,
@@ -71,6 +71,7 @@ class RLConfig:
     aggregation: Literal["token-mean", "seq-mean"] = "token-mean"  # loss average
     reward: Literal["paper", "bfcl"] = "paper"  # which checker's 0/1 is the training reward
     protocol: Literal["bfcl", "combined"] = "combined"  # combined = the paper's Step 1..n prompt
+    tasks_from: str = "data/rctp/train.jsonl"  # RL tasks: those of this dataset file ("" = all 720)
     save_every: int = 50  # checkpoint every N steps (0 = never)
     seed: int = 0  # task draws, reward tokens, rollout sampling
     out_dir: str = "outputs/rl"  # checkpoints/, metrics.jsonl, final/
@@ -191,12 +192,14 @@ class Trainer:
             tokens = [None] * (n * cfg.group_size)
         return tasks, tokens
 
-    def _logprobs(self, model, ids, attn):
-        """Log-probs of ids[:, 1:] at the sampling temperature (B, T-1), and the raw logits
-        (B, T-1, V) (temperature 1, what the engine reports its log-probs at)."""
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    def _logprobs(self, model, ids, attn, mask):
+        """Log-probs of ids[:, 1:] at the sampling temperature, (B, T-1) with 0 where mask
+        (B, T-1) is 0; the raw logits (N, V) at the N sampled positions (temperature 1, what the
+        engine reports its log-probs at) and those positions, where (B, T-1)."""
+        logits, where = masked_logits(model, ids, attn, mask)
+        logits = logits.float()
         scaled = logits if self.temperature == 1.0 else logits / self.temperature
-        return token_logprobs(scaled, ids[:, 1:]), logits
+        return scatter(token_logprobs(scaled, ids[:, 1:][where]), where), logits, where
 
     def train_step(self, step: int) -> dict:
         cfg, t0 = self.cfg, time.perf_counter()
@@ -229,11 +232,13 @@ class Trainer:
         self.model.eval()
         with torch.no_grad():
             for c in (c for mini in passes[0] for c in mini):
-                old[c], logits = self._logprobs(self.model, ids[c], attn[c])
-                mine = old[c] if self.temperature == 1.0 else token_logprobs(logits, ids[c, 1:])
+                old[c], logits, where = self._logprobs(self.model, ids[c], attn[c], mask[c])
+                mine = old[c]
+                if self.temperature != 1.0:
+                    mine = scatter(token_logprobs(logits, ids[c, 1:][where]), where)
                 gap += ((sampled_logp[c] - mine).abs() * mask[c]).sum()
                 if ref is not None:
-                    ref[c] = self._logprobs(self.ref_model, ids[c], attn[c])[0]
+                    ref[c] = self._logprobs(self.ref_model, ids[c], attn[c], mask[c])[0]
 
         def size(c):  # what a micro-batch weighs in its mini-batch's mean: tokens or sequences
             return mask[c].sum() if cfg.aggregation == "token-mean" else (mask[c].sum(1) > 0).sum()
@@ -246,7 +251,7 @@ class Trainer:
             total = sum(size(c) for c in mini).clamp(min=1)
             upd: dict[str, float] = {}
             for c in mini:
-                logp, logits = self._logprobs(self.model, ids[c], attn[c])
+                logp, logits, where = self._logprobs(self.model, ids[c], attn[c], mask[c])
                 loss, stats = policy_loss(
                     logp,
                     old[c],
@@ -257,7 +262,7 @@ class Trainer:
                     kl_coef=cfg.kl_coef,
                     kl_estimator=cfg.kl_estimator,
                     aggregation=cfg.aggregation,
-                    entropy=token_entropy(logits.detach()),
+                    entropy=scatter(token_entropy(logits.detach()), where),
                 )
                 w = size(c) / total  # token (or sequence) share within the mini-batch
                 (loss * w).backward()
@@ -354,47 +359,3 @@ class Trainer:
             if self.cfg.save_every and step % self.cfg.save_every == 0:
                 self.save(step)
         return history
-
-
-def write_summary(out: Path) -> dict:
-    """<out>/metrics.json for dvc.yaml: the last step's metrics + run means of the key ones."""
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    summary = {k: v for k, v in rows[-1].items() if not k.startswith("perf/")}
-    for key in ("reward/mean", "rollout/zero_variance_frac", "rollout/within_group_std"):
-        summary[f"{key}_run_mean"] = sum(r[key] for r in rows) / len(rows)
-    (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return summary
-
-
-def run_rl(
-    cfg: RLConfig,
-    model_cfg,
-    rollout_cfg=None,
-    log_metrics: LogMetrics | None = None,
-    log_artifact: Callable[[Path], None] | None = None,
-    resume: bool = False,
-) -> Path:
-    """Load the initial policy (cfg.start_path), train on the train split, save <out_dir>/final."""
-    from rcgrpo.bfcl.tasks import tasks_in
-    from rcgrpo.engines import RolloutConfig, make_engine
-    from rcgrpo.models import load_policy, save_policy
-
-    start = Path(cfg.start_path)
-    if not start.exists():
-        raise FileNotFoundError(
-            f"initial model {start} not found: run `rcgrpo train {cfg.init}` first, "
-            "or set rl.init_path to a folder written by save_policy"
-        )
-    rollout_cfg = rollout_cfg or RolloutConfig(protocol=cfg.protocol)
-    policy = load_policy(model_cfg, adapter_path=start)
-    engine = make_engine(rollout_cfg, policy)
-    trainer = Trainer(policy, engine, tasks_in("train"), cfg, log_metrics,
-                      temperature=rollout_cfg.temperature)  # fmt: skip
-    trainer.out.mkdir(parents=True, exist_ok=True)
-    (trainer.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
-    trainer.train(resume=resume)
-    final = save_policy(policy, trainer.out / "final")
-    write_summary(trainer.out)
-    if log_artifact is not None:
-        log_artifact(final)
-    return final

@@ -41,6 +41,10 @@ class DatasetConfig:
     categories: tuple[str, ...] = CATEGORIES  # BFCL multi-turn categories to include
     train_tasks: int = 0  # train tasks to use (0 = all 720); a seeded, category-stratified subset
     test_tasks: int = 0  # test tasks to use (0 = all 80)
+    # Which train tasks may be picked (the test split is never filtered: it is what we report).
+    # The CPU default narrows them to short base tasks a 1M-parameter model learns in minutes.
+    train_categories: tuple[str, ...] = ()  # () = `categories`
+    train_max_calls: int = 0  # only tasks whose ground truth has at most this many calls (0 = any)
     low_per_high: float = 1.0  # failures per expert in the mixed set (paper: 1:1)
     balance_tolerance: float = 0.05  # allowed |high share - target| before validation fails
     kinds: tuple[str, ...] = KINDS  # perturbation kinds (failure source b)
@@ -66,8 +70,11 @@ class DatasetConfig:
             raise ValueError("dataset.rollout_share must be in [0, 1]")
         if unknown := sorted(set(self.kinds) - set(KINDS)):
             raise ValueError(f"dataset.kinds: unknown {unknown}; known {list(KINDS)}")
-        if unknown := sorted(set(self.categories) - set(CATEGORIES)):
-            raise ValueError(f"dataset.categories: unknown {unknown}; known {list(CATEGORIES)}")
+        for name in ("categories", "train_categories"):
+            if unknown := sorted(set(getattr(self, name)) - set(CATEGORIES)):
+                raise ValueError(f"dataset.{name}: unknown {unknown}; known {list(CATEGORIES)}")
+        if self.train_max_calls < 0:
+            raise ValueError("dataset.train_max_calls must be >= 0 (0 = no limit)")
 
     @property
     def project(self) -> Path:
@@ -112,22 +119,48 @@ def rollout_model(
 
 
 def select_tasks(cfg: DatasetConfig, split: str) -> list[Task]:
-    """The split's tasks, or a seeded subset stratified round-robin over categories."""
-    tasks = tasks_in(split, tuple(cfg.categories))
+    """The split's tasks, or a seeded subset stratified round-robin over categories. Train tasks
+    are first narrowed to `train_categories` and to at most `train_max_calls` ground-truth calls."""
+    categories = tuple(cfg.categories)
+    if split == "train" and cfg.train_categories:
+        categories = tuple(cfg.train_categories)
+    tasks = tasks_in(split, categories)
+    if split == "train" and cfg.train_max_calls:
+        tasks = [t for t in tasks if sum(map(len, t.ground_truth)) <= cfg.train_max_calls]
+        if not tasks:
+            raise ValueError(
+                f"dataset.train_max_calls={cfg.train_max_calls}: no train task of {categories} "
+                "has so few ground-truth calls (the shortest have 2)"
+            )
     n = cfg.train_tasks if split == "train" else cfg.test_tasks
     if not n or n >= len(tasks):
         return tasks
     rng = random.Random(f"{cfg.seed}:{split}")
     by_cat = {
         c: rng.sample([t for t in tasks if t.category == c], k=sum(t.category == c for t in tasks))
-        for c in cfg.categories
+        for c in categories
     }
     picked: list[Task] = []
     while len(picked) < n:
-        for c in cfg.categories:
+        for c in categories:
             if by_cat[c] and len(picked) < n:
                 picked.append(by_cat[c].pop())
     return sorted(picked, key=lambda t: (t.category, t.number))
+
+
+def tasks_of(path: str | Path, split: str) -> list[Task]:
+    """The tasks a dataset file (Trajectory JSONL) was built from, in (category, number) order:
+    the RL and the train-task evaluation use the tasks the policy was fine-tuned on. A task of
+    the other split in the file is an error (RL or a "train" score on test tasks is a leak)."""
+    from rcgrpo.trajectories.record import read_jsonl
+
+    ids = {r.task_id for r in read_jsonl(path)}
+    if not ids:
+        raise ValueError(f"{path} holds no trajectory: no task to train or evaluate on")
+    tasks = [t for t in tasks_in(split) if t.id in ids]
+    if stray := sorted(ids - {t.id for t in tasks}):
+        raise ValueError(f"{path}: tasks {stray[:5]} are not {split} tasks (split.json)")
+    return tasks
 
 
 def counts(rows: list[Trajectory]) -> dict:
