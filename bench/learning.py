@@ -8,12 +8,15 @@ What it measures, per seed (default 0, 1, 2), on the CPU with the `cpu` preset o
   3. the four variants of rcgrpo.variants from those two models: SFT+GRPO, SFT+RC-GRPO,
      RCTP+GRPO (goal always <|high_reward|>), RCTP+RC-GRPO, each with the same RL steps, tasks
      per step and G: an equal rollout budget (the paper gave its GRPO baseline a smaller batch);
-  4. success on the RL tasks before and after RL: greedy, combined protocol (the training
-     one), paper reward, under the variant's headline goal (none for SFT starts, high for RCTP).
+  4. success on the RL tasks before and after RL: combined protocol (the training one), paper
+     reward, under the variant's headline goal (none for SFT starts, high for RCTP); greedy (the
+     evaluation default) and sampled at temperature 1 (4 rollouts per task: the distribution RL
+     optimises, which greedy hides once a policy's mode is right).
 Printed per variant: reward/mean over the first and last quarter of the steps, the mean
 zero-variance fraction, success before -> after RL pooled over seeds (k/n, Wilson 95 %) and per
 seed; a PNG of the reward and zero-variance curves (mean over seeds); the last line is the
-success of RCTP+RC-GRPO minus SFT+GRPO after RL, in points (the paper's claim: positive).
+success of RCTP+RC-GRPO minus SFT+GRPO after RL, in points, greedy and sampled (the paper's
+claim, on held-out tasks at 7B: positive).
 
     .venv/bin/python bench/learning.py                       # 3 seeds, ~35-45 min on 2 cores
     .venv/bin/python bench/learning.py --seeds 0 --steps 10  # a quick look
@@ -64,18 +67,28 @@ def fine_tune(mode: str, records, params, preset, seed: int, out: Path):
     return policy, history[-1]["sft/loss"]
 
 
-def success(policy, rollout_cfg, tasks, token: str, out: Path) -> tuple[int, int]:
-    """(k, n): greedy paper-reward successes on `tasks` under `token`, combined protocol."""
+SAMPLES = 4  # sampled rollouts per task (temperature 1): the policy RL optimises, not its mode
+
+
+def success(policy, rollout_cfg, tasks, token: str, out: Path) -> dict:
+    """{"greedy": (k, n), "sampled": (k, n)}: paper-reward successes on `tasks` under `token`,
+    combined protocol; greedy (the evaluation default) and SAMPLES seeds at temperature 1."""
     from dataclasses import replace
 
     from rcgrpo.engines import make_engine
     from rcgrpo.evaluation import EvalConfig, evaluate
 
-    engine = make_engine(replace(rollout_cfg, temperature=0.0), policy)
-    cfg = EvalConfig(split="train", protocol="combined", other_protocol=False, tokens=(token,),
-                     out_dir=str(out))  # fmt: skip
-    pooled = evaluate(engine, cfg, tasks=tasks)["runs"][token][0]["paper"]["pooled"]
-    return int(pooled["k"]), int(pooled["n"])
+    counts = {}
+    for name, temperature, seeds in (("greedy", 0.0, (0,)), ("sampled", 1.0, range(SAMPLES))):
+        engine = make_engine(replace(rollout_cfg, temperature=temperature), policy)
+        cfg = EvalConfig(split="train", protocol="combined", other_protocol=False,
+                         temperature=temperature, tokens=(token,), seeds=tuple(seeds),
+                         out_dir=str(out / name))  # fmt: skip
+        by_seed = evaluate(engine, cfg, tasks=tasks)["runs"][token]
+        k = sum(s["paper"]["pooled"]["k"] for s in by_seed.values())
+        n = sum(s["paper"]["pooled"]["n"] for s in by_seed.values())
+        counts[name] = (int(k), int(n))
+    return counts
 
 
 def run_variant(name, start, tasks, params, preset, seed, rollout_cfg, steps, out: Path) -> dict:
@@ -105,10 +118,9 @@ def run_variant(name, start, tasks, params, preset, seed, rollout_cfg, steps, ou
 
 
 def plot(results: dict, path: Path) -> Path:
-    import matplotlib
+    from rcgrpo.report import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     for name in ORDER:
@@ -165,14 +177,16 @@ def main() -> None:
             r = run_variant(name, starts[name.split("+")[0]], tasks, params, args.preset, seed,
                             rollout_cfg, args.steps, out / f"s{seed}" / name)  # fmt: skip
             results[name].append(r)
-            print(f"seed {seed}: {name:13s} success {r['before'][0]}/{r['before'][1]} -> "
-                  f"{r['after'][0]}/{r['after'][1]} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+            b, a = r["before"], r["after"]
+            print(f"seed {seed}: {name:13s} greedy {b['greedy'][0]}/{b['greedy'][1]} -> "
+                  f"{a['greedy'][0]}/{a['greedy'][1]}, sampled {b['sampled'][0]}/{b['sampled'][1]}"
+                  f" -> {a['sampled'][0]}/{a['sampled'][1]} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps({"args": vars(args), "results": results}) + "\n")
 
     print(f"\n{'variant':13s} {'goal':5s} {'reward first->last quarter':>27s} {'zero-var':>8s}  "
-          f"{'success before RL':26s}  {'success after RL':26s}  per seed after")  # fmt: skip
-    after_rate = {}
+          f"success before -> after RL, pooled over seeds, Wilson 95 %   per seed after")  # fmt: skip
+    after = {}
     for name in ORDER:
         runs = results[name]
         n_steps = len(runs[0]["reward"])
@@ -180,19 +194,22 @@ def main() -> None:
         first = sum(sum(r["reward"][:q]) / q for r in runs) / len(runs)
         last = sum(sum(r["reward"][-q:]) / q for r in runs) / len(runs)
         zv = sum(sum(r["zero_variance"]) / n_steps for r in runs) / len(runs)
-        kb, nb = (sum(r["before"][i] for r in runs) for i in (0, 1))
-        ka, na = (sum(r["after"][i] for r in runs) for i in (0, 1))
-        after_rate[name] = ka / na
-        per_seed = " ".join(f"{r['after'][0]}/{r['after'][1]}" for r in runs)
-        print(f"{name:13s} {runs[0]['token']:5s} {first:13.3f} -> {last:.3f}      {zv:8.3f}  "
-              f"{fmt(kb, nb)}  {fmt(ka, na)}  {per_seed}")  # fmt: skip
+        for mode in ("greedy", "sampled"):
+            kb, nb = (sum(r["before"][mode][i] for r in runs) for i in (0, 1))
+            ka, na = (sum(r["after"][mode][i] for r in runs) for i in (0, 1))
+            after[name, mode] = (ka, na)
+            per_seed = " ".join(f"{r['after'][mode][0]}/{r['after'][mode][1]}" for r in runs)
+            head = (f"{name:13s} {runs[0]['token']:5s} {first:13.3f} -> {last:.3f}      {zv:8.3f}"
+                    if mode == "greedy" else " " * 56)  # fmt: skip
+            print(f"{head}  {mode:7s} {fmt(kb, nb)} -> {fmt(ka, na)}  {per_seed}")
     budget = results[ORDER[0]][0]["rollouts"]
-    print(
-        f"equal rollout budget: {budget} rollouts per run; seeds {args.seeds}; "
-        f"plot {plot(results, out / 'learning.png')}; total {time.perf_counter() - t0:.0f} s"
-    )
-    diff = 100 * (after_rate["rctp+rc-grpo"] - after_rate["sft+grpo"])
-    print(f"RCTP+RC-GRPO minus SFT+GRPO, success on the RL tasks after RL: {diff:+.1f} points")
+    print(f"equal rollout budget: {budget} rollouts per run; seeds {args.seeds}; "
+          f"plot {plot(results, out / 'learning.png')}; total {time.perf_counter() - t0:.0f} s")  # fmt: skip
+    diffs = []
+    for mode in ("greedy", "sampled"):
+        (ka, na), (kb, nb) = after["rctp+rc-grpo", mode], after["sft+grpo", mode]
+        diffs.append(f"{100 * (ka / na - kb / nb):+.1f} points {mode} (n = {na} each)")
+    print("RCTP+RC-GRPO minus SFT+GRPO, success on the RL tasks after RL: " + ", ".join(diffs))
 
 
 if __name__ == "__main__":

@@ -58,11 +58,9 @@ def fmt(acc: dict | float | None) -> str:
 
 def bar_chart(table: list[dict], path: str | Path, title: str = "") -> Path:
     """Pooled and category-mean accuracy per run, error bars = Wilson 95% interval."""
-    import matplotlib
+    from rcgrpo.report import pyplot
 
-    matplotlib.use("Agg")  # files only: no display on servers
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(4, 1.6 * len(table)), 3.6))
     width = 0.38
     for j, key in enumerate(("pooled", "category_mean")):

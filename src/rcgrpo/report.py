@@ -34,7 +34,8 @@ PAPER_TABLE1 = {  # pooled accuracy (%) on the 80 test tasks, Qwen2.5-7B / Llama
 }
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot with the Agg backend (files only: no display on servers)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,7 +49,7 @@ def line_plot(series: dict[str, list[tuple[int, float]]], title: str, ylabel: st
     series = {k: v for k, v in series.items() if v}
     if not series:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, points in series.items():
         steps, values = zip(*points, strict=True)
@@ -67,7 +68,7 @@ def accuracy_plot(report: dict, path: Path, checker: str = "bfcl"):
     runs = report.get("runs") or {}
     if not runs:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     labels = [*CATEGORIES, "pooled", "category_mean"]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     width = 0.8 / len(runs)
