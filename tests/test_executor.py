@@ -76,3 +76,15 @@ def test_dispatch_turns_tool_errors_into_observations():
     assert not ok and "unexpected keyword argument 'y'" in message
     ok, message = dispatch(Call("nope"), {"tool": tool})
     assert not ok and "'nope' is not available" in message
+
+
+def test_model_text_never_prints_syntax_warnings(capfd):
+    import warnings
+
+    # `1or 2` makes Python's parser warn "invalid decimal literal" (seen in tiny-model output)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        parsed = parse_calls("[f(a=1or 2)]")
+    assert not parsed.calls and parsed.errors  # refused (a BoolOp is no literal), quietly
+    assert not [w for w in seen if w.category is SyntaxWarning]
+    assert capfd.readouterr().err == ""

@@ -26,6 +26,7 @@ import functools
 import inspect
 import json
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -181,13 +182,21 @@ def _parse_json(text: str, budget: _Budget) -> list[Call]:
     return calls
 
 
+def _quiet_parse(text: str, mode: str):
+    """ast.parse without the SyntaxWarnings (e.g. "invalid decimal literal" for `1st`) that
+    model text would print on stderr: a bad text is a CallError, never a warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        return ast.parse(text, mode=mode)
+
+
 def _parse_python(text: str, budget: _Budget) -> list[Call]:
     try:
-        tree = ast.parse(text, mode="eval").body
+        tree = _quiet_parse(text, "eval").body
         nodes = tree.elts if isinstance(tree, ast.List | ast.Tuple) else [tree]
     except SyntaxError:
         try:  # several calls on separate lines
-            module = ast.parse(text, mode="exec")
+            module = _quiet_parse(text, "exec")
         except SyntaxError as e:
             raise CallError(
                 f"not a valid call: {e.msg} (line {e.lineno}, column {e.offset})"
