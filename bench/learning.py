@@ -20,6 +20,7 @@ claim, on held-out tasks at 7B: positive).
 
     .venv/bin/python bench/learning.py                       # 3 seeds, ~35-45 min on 2 cores
     .venv/bin/python bench/learning.py --seeds 0 --steps 10  # a quick look
+    .venv/bin/python bench/learning.py --sft-epochs 100      # SFT sees the experts as often as RCTP
 """
 
 from __future__ import annotations
@@ -56,12 +57,13 @@ def build_data(params: dict, preset: str, folder: Path):
     return tasks_of(rctp, "train"), read_jsonl(rctp), read_jsonl(folder / "sft" / "train.jsonl")
 
 
-def fine_tune(mode: str, records, params, preset, seed: int, out: Path):
+def fine_tune(mode: str, records, params, preset, seed: int, out: Path, epochs: int = 0):
     from rcgrpo.models import ModelConfig, load_policy
     from rcgrpo.sft import SFTConfig, render_examples, train_sft
 
     policy = load_policy(ModelConfig(seed=seed))  # the same base weights for both modes
-    cfg = preset_section(params, preset, mode, SFTConfig, {"seed": seed, "out_dir": str(out)})
+    extra = {"seed": seed, "out_dir": str(out)} | ({"epochs": epochs} if epochs else {})
+    cfg = preset_section(params, preset, mode, SFTConfig, extra)
     history = train_sft(policy.model, render_examples(policy, records, cfg), cfg,
                         pad_id=policy.tokenizer.pad_token_id or 0)  # fmt: skip
     return policy, history[-1]["sft/loss"]
@@ -153,6 +155,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run seeds")
     parser.add_argument("--preset", default="cpu", help="params.yaml preset to train with")
     parser.add_argument("--steps", type=int, default=0, help="RL steps (0 = the preset's)")
+    parser.add_argument("--sft-epochs", type=int, default=0,
+                        help="plain SFT epochs (0 = the preset's: 2/5 of RCTP-FT's, as the paper)")  # fmt: skip
     parser.add_argument("--out", default="outputs/bench/learning", help="results folder")
     args = parser.parse_args()
     apply_defaults()
@@ -170,7 +174,8 @@ def main() -> None:
     for seed in args.seeds:
         starts = {}
         for mode, records in (("sft", experts), ("rctp", mixed)):
-            starts[mode], loss = fine_tune(mode, records, params, args.preset, seed, out)
+            epochs = args.sft_epochs if mode == "sft" else 0
+            starts[mode], loss = fine_tune(mode, records, params, args.preset, seed, out, epochs)
             print(f"seed {seed}: {mode} fine-tuned, final loss {loss:.4f} "
                   f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
         for name in ORDER:

@@ -217,7 +217,8 @@ def minibatch_indices(
 
 
 def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """log p(ids[t] | context) from logits (..., V) already aligned with ids (...) -> (...), e.g. (B, T, V) or (N, V).
+    """log p(ids | context) from logits (..., V) already aligned with ids (...) -> (...):
+    (B, T, V) with (B, T), or (N, V) with (N,) at the masked positions (rcgrpo.forward).
 
     Computed as logit - logsumexp (no (B, T, V) log-softmax copy kept for the backward)."""
     picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
