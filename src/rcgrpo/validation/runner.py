@@ -21,6 +21,7 @@ import yaml
 from rcgrpo.bfcl.checkers import parse_call_string
 from rcgrpo.bfcl.executor import CallError
 from rcgrpo.bfcl.tasks import load_split
+from rcgrpo.trajectories.failures import api_calls
 from rcgrpo.trajectories.labels import goal_counts, token_for
 from rcgrpo.trajectories.record import RecordError, from_dict
 
@@ -99,9 +100,7 @@ def _row(path: Path, number: int, line: str, kind: str, split_of: dict) -> dict:
         and not m.get("tool_calls")
     )
     # A low row must show a failure *of tool calling*: at least one dispatched call (done() aside).
-    no_call = record.paper_reward == 0 and not any(
-        c != "done()" for turn in record.calls for step in turn for c in step
-    )
+    no_call = record.paper_reward == 0 and not api_calls(record)
     return {
         **base,
         "task_id": record.task_id,
