@@ -195,3 +195,48 @@ def test_rctp_grpo_baseline_prompts_always_carry_the_high_goal(tmp_path):
         assert set(trainer.draw(step)[1]) == {HIGH}
     assert "reward/mean_low" not in history[0] and "reward/token_gap" not in history[0]
     assert history[0]["reward/mean_high"] == history[0]["reward/mean"]
+
+
+def test_checkpoint_restores_every_generator_with_weights_only(tmp_path):
+    """RNG states are stored as tensors/lists: weights_only=True loads them and the draws after
+    a load equal the draws after the save (python, numpy and torch generators)."""
+    import random
+
+    import numpy as np
+
+    from rcgrpo import checkpoint
+
+    trainer = make(tmp_path)
+    random.seed(3), np.random.seed(3), torch.manual_seed(3)
+    saved = checkpoint.save(tmp_path / "ck", trainer.model, trainer.optimizer, None, 7)
+    draws = (random.random(), np.random.rand(), float(torch.rand(1)), np.random.randn())
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    assert checkpoint.load(saved, trainer.model, trainer.optimizer)["step"] == 7
+    assert (random.random(), np.random.rand(), float(torch.rand(1)), np.random.randn()) == draws
+
+
+class _Payload:
+    """What an attacker pickles: unpickling calls os.system (here: touch a marker file)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_resume_refuses_a_crafted_checkpoint_without_running_it(tmp_path):
+    from rcgrpo import checkpoint
+
+    marker = tmp_path / "pwned"
+    ck = checkpoint.path_for(tmp_path, 2)
+    ck.mkdir(parents=True)
+    torch.save({"step": 2, "model": {}, "rng": _Payload(marker)}, ck / "state.pt")
+    trainer = make(tmp_path, steps=4)
+    with pytest.raises(checkpoint.CheckpointError, match="state.pt holds more than tensors"):
+        trainer.train(resume=True)
+    assert not marker.exists()  # the os.system payload never ran
+    assert str(ck / "state.pt") in str(pytest.raises(checkpoint.CheckpointError,
+        checkpoint.load, ck, trainer.model).value)  # fmt: skip

@@ -5,6 +5,9 @@ rows, not the frozen base), so a checkpoint of a 7B LoRA run stays small. `load`
 into the same model object and puts every random generator back where it was, so on the CPU a
 resumed run draws the same numbers as one that never stopped (tests/test_trainer.py checks it).
 Files are written to a temporary folder and renamed: a crash never leaves half a checkpoint.
+`state.pt` is read with `torch.load(weights_only=True)`: only tensors and plain containers load,
+so a crafted checkpoint cannot run code (the RNG states are stored as tensors and lists for that;
+tests/test_trainer.py has a pickle whose os.system payload must not run).
 
     save(path, model, optimizer, scheduler, step, extra={"generator": gen.get_state()})
     state = load(latest(run_dir), model, optimizer, scheduler)   # -> {"step": ..., "extra": ...}
@@ -12,6 +15,7 @@ Files are written to a temporary folder and renamed: a crash never leaves half a
 
 from __future__ import annotations
 
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -21,12 +25,19 @@ import torch
 PREFIX = "step_"
 
 
+class CheckpointError(ValueError):
+    """A checkpoint folder that is not one rcgrpo wrote (or holds more than tensors)."""
+
+
 def rng_state() -> dict:
+    """Every generator's state as tensors / lists / numbers (what weights_only=True loads)."""
     import numpy as np
 
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": [version, list(words), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
@@ -35,8 +46,10 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     import numpy as np
 
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, words, gauss = state["python"]
+    random.setstate((version, tuple(words), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -75,7 +88,14 @@ def load(path: str | Path, model, optimizer=None, scheduler=None) -> dict:
     path = Path(path)
     if not (path / "state.pt").exists():
         raise FileNotFoundError(f"{path} holds no state.pt: not a checkpoint written by rcgrpo")
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    try:  # weights_only: a pickle that would import or call anything is refused, not run
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{path / 'state.pt'} holds more than tensors and plain values, refused to load it "
+            f"(not a checkpoint written by rcgrpo, or tampered with): {first}"
+        ) from None
     params = dict(model.named_parameters())
     missing = sorted(set(state["model"]) - set(params))
     if missing:
