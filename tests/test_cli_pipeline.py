@@ -7,7 +7,6 @@ import sys
 import time
 
 import pytest
-import typer
 
 from rcgrpo.cli.pipeline import _overrides
 
@@ -39,8 +38,35 @@ def test_set_overrides_are_sectioned_yaml_values():
 
 @pytest.mark.parametrize("bad", ["steps=2", "rl.steps", ".x=1"])
 def test_set_without_section_or_value_is_refused(bad):
-    with pytest.raises(typer.BadParameter, match="section.key=value"):
+    from rcgrpo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="section.key=value"):
         _overrides([bad])
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["run", "--set", "rl.steps=abc"], "--set rl.steps=abc: 'abc' is not a int"),
+        (["run", "--set", "nosuch.key=1"], "unknown section 'nosuch'; valid: ["),
+        (["run", "--set", "eavl.limit=1"], "unknown section 'eavl' (did you mean 'eval'?)"),
+        (["run", "--set", "eval.limt=1"], "eval has no key 'limt' (did you mean 'limit'?)"),
+        (["schedule", "--set", "rl.stepz=1"], "rl has no key 'stepz' (did you mean 'steps'?)"),
+        (["train", "rl", "--set", "steps=abc"], "--set steps=abc: 'abc' is not a int"),
+        (["train", "rctp", "--set", "epohcs=1"], "did you mean 'epochs'?"),
+        (["eval", "outputs/nothing/here"], "outputs/nothing/here is not a folder"),
+        (["data", "build", "--set", "data_dirr=x"], "did you mean 'data_dir'?"),
+    ],
+)
+def test_a_bad_set_fails_at_once_in_one_line_naming_it(args, says):
+    """Before any Prefect server, MLflow run or training: exit 2, `error: ...`, no traceback."""
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "rcgrpo.cli", *args], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert out.stderr.startswith("error: ") and says in out.stderr, out.stderr
+    assert time.perf_counter() - start < 60  # was 28 s + a traceback for rl.steps=abc
 
 
 def test_a_typo_in_an_override_fails_before_any_run_is_opened():

@@ -15,6 +15,7 @@ tests/test_trainer.py has a pickle whose os.system payload must not run).
 
 from __future__ import annotations
 
+import os
 import pickle
 import random
 import shutil
@@ -26,7 +27,37 @@ PREFIX = "step_"
 
 
 class CheckpointError(ValueError):
-    """A checkpoint folder that is not one rcgrpo wrote (or holds more than tensors)."""
+    """A checkpoint folder that is not one rcgrpo wrote (or holds more than tensors), or an
+    output folder that cannot be written."""
+
+
+def check_writable(out_dir: str | Path) -> Path:
+    """Create `out_dir` and write+remove a probe file in it, before any training: an unwritable
+    out_dir fails in a second instead of after the run (then nothing trained is lost)."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".rcgrpo-write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise CheckpointError(
+            f"out_dir {out} is not writable ({e.strerror or e}): pass --set out_dir=<a folder "
+            "you can write>; nothing was trained"
+        ) from None
+    return out
+
+
+def replace_dir(tmp: Path, path: Path) -> Path:
+    """Put the finished folder `tmp` at `path` by renames (same parent, same filesystem): the
+    old `path` stays whole until the new one is complete, and is removed only after the swap."""
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        path.rename(old)
+    tmp.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
 
 
 def rng_state() -> dict:
@@ -78,9 +109,7 @@ def save(
         },
         tmp / "state.pt",
     )
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
-    return path
+    return replace_dir(tmp, path)
 
 
 def load(path: str | Path, model, optimizer=None, scheduler=None) -> dict:

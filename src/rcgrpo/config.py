@@ -8,11 +8,18 @@ default.
     from rcgrpo.config import load_section
     cfg = load_section("sft", SFTConfig)                       # from ./params.yaml
     cfg = load_section("sft", SFTConfig, overrides={"lr": 1e-5})
+    ov = parse_sets(["rl.steps=2"], sectioned=True)   # the CLI's --set, checked before any work
+
+`parse_sets` is what every CLI `--set` goes through: a bad value, an unknown section or an
+unknown key fails at once with the `--set` named and the valid names (or the closest one) listed,
+before any import of prefect or any training starts (tests/test_config.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import importlib
 import types
 import typing
 from pathlib import Path
@@ -70,7 +77,9 @@ def build(cls, values: dict, where: str):
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(names)}")
+        raise ConfigError(
+            f"{where}: unknown key(s) {unknown}{_close(unknown[0], names)}; allowed: {sorted(names)}"
+        )
     for key, value in values.items():
         if not _type_ok(value, hints[key]):
             raise ConfigError(f"{where}.{key}: {value!r} is not a {hints[key]}")
@@ -88,3 +97,71 @@ def load_section(section: str, cls, path: Path | None = None, overrides: dict | 
     values = dict(params.get(section) or {})
     values.update(overrides or {})
     return build(cls, values, f"{path or params_path()}:{section}")
+
+
+# params.yaml section -> its dataclass ("module:Class", imported only when a --set names it)
+SECTIONS = {
+    "rctp": "rcgrpo.sft:SFTConfig",
+    "sft": "rcgrpo.sft:SFTConfig",
+    "rl": "rcgrpo.grpo.trainer:RLConfig",
+    "eval": "rcgrpo.evaluation:EvalConfig",
+    "model": "rcgrpo.models:ModelConfig",
+    "rollout": "rcgrpo.engines:RolloutConfig",
+    "dataset": "rcgrpo.trajectories.dataset:DatasetConfig",
+}
+
+
+def _close(word: str, names) -> str:
+    match = difflib.get_close_matches(word, sorted(names), n=1)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def section_class(section: str):
+    module, name = SECTIONS[section].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def parse_sets(
+    pairs: list[str], sectioned: bool, section: str | None = None, path: Path | None = None
+) -> dict:
+    """CLI `--set` pairs -> overrides, each checked against its section's dataclass on top of
+    params.yaml. sectioned: "section.key=value" -> {section: {key: value}}; else "key=value" for
+    the one `section` -> {key: value}. Raises ConfigError naming the offending `--set`."""
+    import yaml
+
+    params = read_params(path)
+    out: dict = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        name, key = (key.strip().partition(".")[::2]) if sectioned else (section, key.strip())
+        if not sep or not name or not key:
+            form = "section.key=value" if sectioned else "key=value"
+            raise ConfigError(f"--set {pair}: not {form}")
+        if name not in SECTIONS:
+            raise ConfigError(
+                f"--set {pair}: unknown section {name!r}{_close(name, SECTIONS)}; "
+                f"valid: {sorted(SECTIONS)}"
+            )
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {pair}: value is not YAML ({e.problem})") from None
+        cls = section_class(name)
+        names = {f.name for f in dataclasses.fields(cls)}
+        if key not in names:
+            raise ConfigError(
+                f"--set {pair}: {name} has no key {key!r}{_close(key, names)}; "
+                f"valid: {sorted(names)}"
+            )
+        hint = typing.get_type_hints(cls)[key]
+        if not _type_ok(value, hint):
+            raise ConfigError(f"--set {pair}: {value!r} is not a {_type_name(hint)}")
+        out.setdefault(name, {})[key] = value
+    for name, values in out.items():  # the fields together (a __post_init__ check)
+        base = dict(params.get(name) or {})
+        build(section_class(name), {**base, **values}, f"--set {name}.{'/'.join(values)}")
+    return out if sectioned else out.get(section, {})
+
+
+def _type_name(hint) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")

@@ -321,8 +321,15 @@ def save_policy(policy: Policy, path: str | Path, training: dict | None = None) 
     chat template) and the ModelConfig; reload with load_policy(cfg, adapter_path=path).
     training: how the weights were trained ({"stage", "protocol", ...}); evaluation reads the
     protocol from it (`trained_protocol`)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    import os
+    import shutil
+
+    from rcgrpo.checkpoint import replace_dir
+
+    # written to a sibling temp folder, then renamed over `path`: a failed save keeps the old one
+    final, path = Path(path), Path(path).with_name(f".{Path(path).name}.tmp-{os.getpid()}")
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
     if policy.is_lora:
         # The resized embedding matrix is not saved (GBs on 7B): load_policy rebuilds its new
         # rows (the mean) and the trained reward-token rows are in the adapter.
@@ -333,7 +340,7 @@ def save_policy(policy: Policy, path: str | Path, training: dict | None = None) 
     meta = {"config": dataclasses.asdict(policy.config), "lora": policy.is_lora}
     meta["training"] = training or {}
     (path / POLICY_FILE).write_text(json.dumps(meta, indent=1) + "\n")
-    return path
+    return replace_dir(path, final)
 
 
 def trained_protocol(path: str | Path) -> str | None:

@@ -197,9 +197,11 @@ def run_sft(
 ) -> Path:
     """Load the base policy (rcgrpo.models), fine-tune it on cfg.data, save it to
     <out_dir>/final (save_policy: adapter or full weights + tokenizer); returns that folder."""
+    from rcgrpo.checkpoint import check_writable
     from rcgrpo.models import load_policy, save_policy
     from rcgrpo.trajectories.record import read_jsonl
 
+    check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
     policy = load_policy(model_cfg)
     records = read_jsonl(cfg.data)
     examples = render_examples(policy, records, cfg)

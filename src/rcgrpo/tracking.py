@@ -114,10 +114,18 @@ def code_version(root: Path | None = None) -> dict:
 
 def data_version(root: Path | None = None) -> dict:
     """{"rev", "md5", "dirty"} of data/ as strings, from issue 4's `rcgrpo.versioning` (the one
-    DVC touchpoint); "none" where data/ was never versioned."""
+    DVC touchpoint); "none" where data/ was never versioned, "unreadable" (and a warning) where
+    data.dvc is empty or truncated: the run is still recorded, its data version says why not."""
+    import warnings
+
+    from rcgrpo.versioning import VersioningError
     from rcgrpo.versioning import data_version as dv
 
-    v = dv(Path(root or project_root()))
+    try:
+        v = dv(Path(root or project_root()))
+    except VersioningError as e:
+        warnings.warn(f"data version not recorded: {e}", stacklevel=2)
+        return {"rev": "unreadable", "md5": "unreadable", "dirty": "true"}
     return {
         "rev": v.get("rev") or "none",
         "md5": v.get("md5") or "none",

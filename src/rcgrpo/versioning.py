@@ -120,8 +120,18 @@ def staging_dir(root: str | Path) -> Path:
     return path
 
 
-def _md5_of(dvc_text: str) -> str:
-    return yaml.safe_load(dvc_text)["outs"][0]["md5"]
+def _md5_of(dvc_text: str, where: str = DVC_FILE) -> str:
+    """The md5 a .dvc file names; VersioningError (one line) if it is empty or truncated."""
+    try:
+        md5 = yaml.safe_load(dvc_text)["outs"][0]["md5"]
+    except (yaml.YAMLError, TypeError, KeyError, IndexError):
+        md5 = None
+    if not isinstance(md5, str) or not md5:
+        raise VersioningError(
+            f"{where} is empty or truncated (no outs[0].md5): restore it with "
+            f"`git checkout -- {where}` or `rcgrpo data rollback <rev>`"
+        )
+    return md5
 
 
 def _cache_file(root: Path, md5: str) -> Path | None:

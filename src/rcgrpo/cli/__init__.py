@@ -9,11 +9,16 @@ so `rcgrpo --help` stays fast (tests/test_cli_pipeline.py checks it).
     rcgrpo train rctp|sft|rl ; rcgrpo eval PATH ; rcgrpo compare RUNS...
     rcgrpo schedule --cron "0 2 * * *"
     rcgrpo env show multi_turn_base_0
+
+Errors of the project's own types (a bad `--set`, a corrupt JSONL row, a failed rollback, a
+refused checkpoint, ...) end every command the same way, in `main`: `error: <message>` on stderr
+and exit code 2, no traceback. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import typer
 
@@ -37,8 +42,37 @@ app.command("schedule")(pipeline.schedule)
 app.add_typer(env.app, name="env")
 
 
+# "module:Class" of the error types whose message is the whole story for a user; looked up only
+# in modules the command already imported (catching must not import torch or dvc).
+USER_ERRORS = (
+    "rcgrpo.config:ConfigError",
+    "rcgrpo.versioning:VersioningError",
+    "rcgrpo.checkpoint:CheckpointError",
+    "rcgrpo.trajectories.record:RecordError",
+    "builtins:FileNotFoundError",
+)
+
+
+def user_error(exc: BaseException) -> str | None:
+    """The one-line message of a project error, None for anything else (a bug)."""
+    for spec in USER_ERRORS:
+        module, name = spec.split(":")
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(exc, cls):
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            return text
+    return None
+
+
 def main() -> None:
     from rcgrpo.runtime import apply_defaults
 
     apply_defaults()
-    app()
+    try:
+        app(standalone_mode=True)
+    except Exception as e:
+        message = user_error(e)
+        if message is None:
+            raise
+        typer.secho(f"error: {message}", fg="red", err=True)
+        sys.exit(2)

@@ -16,17 +16,11 @@ import typer
 app = typer.Typer(no_args_is_help=True, help="Build, list and roll back the dataset (DVC).")
 
 
-def _overrides(pairs: list[str]) -> dict:
-    """["k=v", ...] -> {k: yaml(v)}; a clear error for a pair without '='."""
-    import yaml
+def _overrides(pairs: list[str], params: Path | None = None) -> dict:
+    """["k=v", ...] -> {k: yaml(v)}, each checked against the dataset section (ConfigError)."""
+    from rcgrpo.config import parse_sets
 
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--set")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
+    return parse_sets(pairs, False, "dataset", params)
 
 
 def _root(root: Path | None) -> Path:
@@ -41,15 +35,11 @@ def build(
     params: Path | None = typer.Option(None, help="params.yaml to read (default: checkout's)"),
 ) -> None:
     """Generate, label, validate (GX) and version (DVC) the dataset; one build at a time."""
-    from rcgrpo.config import ConfigError
     from rcgrpo.trajectories.dataset import load_config
     from rcgrpo.validation.runner import ValidationFailed
     from rcgrpo.versioning import VersioningError
 
-    try:
-        cfg = load_config(_overrides(set_), params)
-    except (ConfigError, ValueError) as e:
-        raise typer.BadParameter(str(e), param_hint="--set") from None
+    cfg = load_config(_overrides(set_, params), params)  # a bad --set: ConfigError, one line
     import sys
 
     from rcgrpo.runtime import project_root

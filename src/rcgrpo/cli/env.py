@@ -51,8 +51,14 @@ def show(task_id: str) -> None:
 def _read_calls_file(path: Path) -> list[list[str]]:
     if not path.exists():
         raise typer.BadParameter(f"{path} does not exist", param_hint="--calls")
+    if not path.is_file():
+        raise typer.BadParameter(f"{path} is a directory, not a JSON file", param_hint="--calls")
     try:
-        turns = json.loads(path.read_text())
+        turns = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise typer.BadParameter(
+            f"{path} is not a UTF-8 text file (byte {e.start}): expected JSON", param_hint="--calls"
+        ) from None
     except json.JSONDecodeError as e:
         raise typer.BadParameter(
             f"{path} is not valid JSON: {e.msg} (line {e.lineno})", param_hint="--calls"

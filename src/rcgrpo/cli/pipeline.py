@@ -22,17 +22,11 @@ SET_HELP = "override a params.yaml field, section.key=value (repeatable), e.g. r
 
 
 def _overrides(pairs: list[str]) -> dict[str, dict]:
-    """["rl.steps=2", "eval.tokens=[high]"] -> {"rl": {"steps": 2}, "eval": {"tokens": ["high"]}}."""
-    import yaml
+    """["rl.steps=2", "eval.tokens=[high]"] -> {"rl": {"steps": 2}, "eval": {"tokens": ["high"]}},
+    every pair checked against its section (rcgrpo.config.parse_sets: raises ConfigError)."""
+    from rcgrpo.config import parse_sets
 
-    out: dict[str, dict] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        section, dot, field = key.strip().partition(".")
-        if not sep or not dot or not section or not field:
-            raise typer.BadParameter(f"{pair!r} is not section.key=value", param_hint="--set")
-        out.setdefault(section, {})[field] = yaml.safe_load(value)
-    return out
+    return parse_sets(pairs, sectioned=True)
 
 
 def _enter_project() -> str:
@@ -76,16 +70,18 @@ def run(
     register_name: str = typer.Option("rcgrpo", help="Model Registry name of the RL model"),
 ) -> None:
     """Run the whole pipeline; prints where the results and the UIs are."""
-    overrides = _overrides(set_)
-    if profile:
-        overrides.setdefault("model", {})["profile"] = profile
     _enter_project()
-    api = _use_running_prefect()
-    from flows.pipeline import pipeline_flow
+    overrides = _overrides([*set_, *([f"model.profile={profile}"] if profile else [])])
+    from flows.pipeline import pipeline_flow, plan_run
     from rcgrpo.config import ConfigError
 
-    started = time.monotonic()
     chosen = [s.strip() for s in stages.split(",") if s.strip()] or None
+    try:  # every section as it will run, checked before a Prefect server or MLflow run starts
+        plan_run(overrides, chosen, variant or None, preset or None)
+    except (ConfigError, ValueError) as e:
+        raise ConfigError(f"rcgrpo run: {e}") from None
+    api = _use_running_prefect()
+    started = time.monotonic()
     try:
         out = pipeline_flow(overrides, chosen, variant or None, register_name,
                             preset=preset or None)  # fmt: skip
@@ -178,13 +174,13 @@ def schedule(
 ) -> None:
     """Serve the pipeline with a cron schedule until Ctrl-C (needs a Prefect server: rcgrpo ui)."""
     _enter_project()
+    params: dict = {"overrides": _overrides(set_)}  # a bad --set fails before serving
     api = _use_running_prefect()
     if not os.environ.get("PREFECT_API_URL"):
         typer.echo("no Prefect server on 127.0.0.1:4200: start `rcgrpo ui` first", err=True)
         raise typer.Exit(1)
     from flows.deploy import serve
 
-    params: dict = {"overrides": _overrides(set_)}
     if stages:
         params["stages"] = [s.strip() for s in stages.split(",") if s.strip()]
     typer.echo(f"serving rcgrpo-pipeline/{name} on {api} with cron {cron!r}; Ctrl-C stops")

@@ -23,25 +23,12 @@ app = typer.Typer(no_args_is_help=True, help="Fine-tune, train with RL, evaluate
 SET_HELP = "override one field of the params.yaml section, key=value (repeatable)"
 
 
-def _overrides(pairs: list[str]) -> dict:
-    import yaml
-
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise typer.BadParameter(f"{pair!r} is not key=value", param_hint="--set")
-        key, value = pair.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value)
-    return out
-
-
 def _section(name: str, cls, sets: list[str], params: Path | None):
-    from rcgrpo.config import ConfigError, load_section
+    """The stage's config: params.yaml `name:` + `--set key=value` pairs, each pair checked
+    first (a bad one raises ConfigError naming it; rcgrpo.cli.main prints it in one line)."""
+    from rcgrpo.config import load_section, parse_sets
 
-    try:
-        return load_section(name, cls, params, _overrides(sets))
-    except ConfigError as e:
-        raise typer.BadParameter(str(e), param_hint="--set / params.yaml") from None
+    return load_section(name, cls, params, parse_sets(sets, False, name, params))
 
 
 def _model_cfg(params: Path | None, sets: list[str]):
@@ -97,6 +84,10 @@ def eval_(
     params: Path | None = typer.Option(None, help="params.yaml to read"),
 ) -> None:
     """Evaluate a trained policy on the held-out tasks; prints pooled / category-mean / gap."""
+    if not model_path.is_dir():  # before any model loads (main() prints it as `error: ...`)
+        raise FileNotFoundError(
+            f"{model_path} is not a folder: pass one written by save_policy, e.g. outputs/rl/final"
+        )
     from rcgrpo.compare import fmt
     from rcgrpo.engines import RolloutConfig
     from rcgrpo.evaluation import EvalConfig, run_eval

@@ -56,6 +56,9 @@ def run_rl(
             f"initial model {start} not found: run `rcgrpo train {cfg.init}` first, "
             "or set rl.init_path to a folder written by save_policy"
         )
+    from rcgrpo.checkpoint import check_writable
+
+    check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
     tasks = rl_tasks(cfg)  # before loading the model: a missing data file fails in a second
     rollout_cfg = rollout_cfg or RolloutConfig(protocol=cfg.protocol)
     policy = load_policy(model_cfg, adapter_path=start)

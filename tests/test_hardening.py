@@ -1,0 +1,72 @@
+"""Hostile and faulty inputs from the command line (issue 12): each fails at once in one line,
+before any work, and loses nothing already saved.
+
+    .venv/bin/pytest tests/test_hardening.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+RCGRPO = [sys.executable, "-m", "rcgrpo.cli"]
+
+
+def cli(*args, cwd=None, env=None):
+    env = {**os.environ, "COLUMNS": "400", **(env or {})}
+    return subprocess.run([*RCGRPO, *args], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=cwd)  # fmt: skip
+
+
+def one_line_error(out, says: str) -> None:
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-2000:]
+    assert says in lines[0], lines[0]
+
+
+# -- 7: an unwritable out_dir fails before training; a failed save keeps the old final/ -------
+
+
+def test_unwritable_out_dir_fails_before_training(tmp_path):
+    blocker = tmp_path / "a_file"  # root can write any folder: a file in the path stops it too
+    blocker.write_text("")
+    out_dir = blocker / "rctp"
+    start = time.perf_counter()
+    out = cli("train", "rctp", "--set", f"out_dir={out_dir}")
+    one_line_error(out, f"out_dir {out_dir} is not writable")
+    assert "nothing was trained" in out.stderr and "step 1" not in out.stdout
+    assert time.perf_counter() - start < 60
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder anyway")
+def test_read_only_out_dir_fails_before_training(tmp_path):
+    out_dir = tmp_path / "ro"
+    out_dir.mkdir(mode=0o500)
+    one_line_error(cli("train", "sft", "--set", f"out_dir={out_dir}"), "is not writable")
+
+
+def test_a_failed_save_keeps_the_previous_final(tmp_path, monkeypatch):
+    from rcgrpo.models import ModelConfig, load_policy, save_policy
+
+    policy = load_policy(ModelConfig())
+    final = save_policy(policy, tmp_path / "final", {"stage": "rctp"})
+    before = {p.name: p.read_bytes() for p in final.iterdir()}
+
+    def no_space(*a, **k):  # ENOSPC mid-save cannot be caused for real in a test
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(policy.tokenizer, "save_pretrained", no_space)
+    with pytest.raises(OSError, match="No space"):
+        save_policy(policy, final, {"stage": "rctp", "again": True})
+    assert {p.name: p.read_bytes() for p in final.iterdir()} == before  # untouched, whole
+    monkeypatch.undo()
+    save_policy(policy, final, {"stage": "rl"})  # the next save replaces it by a rename
+    assert json.loads((final / "rcgrpo_policy.json").read_text())["training"] == {"stage": "rl"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]  # no temp folder left
