@@ -70,3 +70,50 @@ def test_a_failed_save_keeps_the_previous_final(tmp_path, monkeypatch):
     save_policy(policy, final, {"stage": "rl"})  # the next save replaces it by a rename
     assert json.loads((final / "rcgrpo_policy.json").read_text())["training"] == {"stage": "rl"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]  # no temp folder left
+
+
+# -- 9: one-line errors instead of tracebacks --------------------------------------------------
+
+
+def test_env_run_calls_on_a_binary_file_or_a_directory(tmp_path):
+    binary = tmp_path / "calls.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    for path, says in ((binary, "is not a UTF-8 text file"), (tmp_path, "is a directory")):
+        out = cli("env", "run", "multi_turn_base_0", "--calls", str(path))
+        assert out.returncode == 2 and "Traceback" not in out.stderr and says in out.stderr
+
+
+def test_a_corrupt_jsonl_row_is_one_line_with_its_line_number(tmp_path):
+    from rcgrpo.bfcl.tasks import tasks_in
+    from rcgrpo.trajectories.experts import expert
+    from rcgrpo.trajectories.record import write_jsonl
+
+    data = tmp_path / "rctp.jsonl"
+    write_jsonl(data, [expert(t, "combined") for t in tasks_in("train")[:2]])
+    data.write_text(data.read_text() + '{"task_id": "multi_turn_base_0", "turns": [tru\n')
+    out = cli("train", "rctp", "--set", f"data={data}", "--set", f"out_dir={tmp_path / 'out'}")
+    one_line_error(out, f"{data}:3: not valid JSON")
+
+
+def test_eval_on_a_missing_path(tmp_path):
+    one_line_error(cli("eval", str(tmp_path / "nope")), f"{tmp_path / 'nope'} is not a folder")
+
+
+@pytest.mark.parametrize("text", ["", "outs:\n- md5: 0123", "outs:\n- md5: [", "outs:\n- path: d\n"])
+def test_an_empty_or_truncated_data_dvc(tmp_path, text):
+    """`data versions` says so in one line; an MLflow run still starts, tagged 'unreadable'."""
+    from mlflow import MlflowClient
+
+    from rcgrpo import tracking
+
+    root = tmp_path / "proj"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    (root / "data.dvc").write_text(text)
+    out = cli("data", "versions", "--root", str(root))
+    one_line_error(out, "data.dvc is empty or truncated")
+    with pytest.warns(UserWarning, match="data version not recorded"):
+        with tracking.start_run("probe", root=root) as run:
+            pass
+    tags = MlflowClient().get_run(run.info.run_id).data.tags
+    assert tags["data.md5"] == "unreadable" and tags["data.version"] == "unreadable:unreadable"

@@ -202,8 +202,8 @@ def run_sft(
     from rcgrpo.trajectories.record import read_jsonl
 
     check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
+    records = read_jsonl(cfg.data)  # before the model: a corrupt row fails in a second
     policy = load_policy(model_cfg)
-    records = read_jsonl(cfg.data)
     examples = render_examples(policy, records, cfg)
     pad_id = policy.tokenizer.pad_token_id or 0
     history = train_sft(policy.model, examples, cfg, log_metrics, resume=resume, pad_id=pad_id)
