@@ -174,10 +174,12 @@ def version(cfg: DatasetConfig, folder: Path) -> dict:
 
 @task(cache_policy=NONE)
 def prepare(cfg: DatasetConfig) -> None:
-    """Fail fast when the project is no git work tree; dvc init + offline config if needed."""
-    from rcgrpo.versioning import init_project
+    """Fail fast when the project is no git work tree or data_dir is not the tracked data folder
+    (or a new one); dvc init + offline config if needed."""
+    from rcgrpo.versioning import check_data_dir, init_project
 
     init_project(cfg.project, cfg.remote)
+    check_data_dir(cfg.project, cfg.data_dir)
 
 
 @task(cache_policy=NONE, retries=2, retry_delay_seconds=2)

@@ -181,3 +181,36 @@ def test_cli_versions_and_rollback(project):
     assert wrong.exit_code == 1 and "not a git revision" in wrong.output
     bad_key = runner.invoke(app, ["build", "--set", "no_such_key=1"])
     assert bad_key.exit_code == 2 and "no_such_key" in bad_key.output
+
+
+def _tree(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_data_dir_may_only_be_the_tracked_folder_or_a_new_one(project):
+    """`data_dir=dvc_remote` once renamed the remote aside, deleted it and committed
+    dvc_remote.dvc: now refused before anything is touched, from the API and the CLI."""
+    import os
+    import sys
+
+    f1, _ = built(project, 0)
+    publish(f1, project)  # the remote now holds this version's objects
+    remote, head = _tree(project / "dvc_remote"), git(project, "rev-parse", "HEAD")
+    (project / "src").mkdir()
+    (project / "src" / "code.py").write_text("x = 1\n")
+    folder, _ = built(project, 1)
+    for bad in ("dvc_remote", "src", ".dvc", "..", "README.md"):
+        with pytest.raises(VersioningError, match=f"dataset.data_dir={bad}"):
+            publish(folder, project, data_dir=bad)
+    out = subprocess.run(
+        [sys.executable, "-m", "rcgrpo.cli", "data", "build", "--set", f"root={project}",
+         "--set", "data_dir=dvc_remote", "--set", "rollouts=off"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"},
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stderr.startswith("error: dataset.data_dir=dvc_remote")
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert _tree(project / "dvc_remote") == remote and (project / "src" / "code.py").exists()
+    assert git(project, "rev-parse", "HEAD") == head and not (project / "dvc_remote.dvc").exists()
+    assert folder.exists()  # the build itself is kept
+    fresh = publish(folder, project, data_dir="data_v2")  # a new folder is fine
+    assert (project / "data_v2.dvc").exists() and fresh["changed"]

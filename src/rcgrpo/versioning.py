@@ -170,6 +170,28 @@ def _rows(manifest: dict) -> dict:
     }
 
 
+def check_data_dir(root: str | Path, data_dir: str = "data") -> Path:
+    """`data_dir` may only be the DVC-tracked data folder (its `<data_dir>.dvc` exists) or a new
+    one (absent or empty), inside the project and outside .git, .dvc and the remote: publish
+    renames it aside and deletes it, so any other folder (the remote, src/, ...) is refused
+    before anything is touched. Returns the absolute path."""
+    root = Path(root).resolve()
+    path = (root / data_dir).resolve()
+    where = f"dataset.data_dir={data_dir}"
+    if path == root or not path.is_relative_to(root):
+        raise VersioningError(f"{where}: must be a folder inside the project {root}")
+    guarded = [root / ".git", root / ".dvc", _remote_dir(root)]
+    if any(path.is_relative_to(g) or g.is_relative_to(path) for g in guarded):
+        raise VersioningError(f"{where}: {path} holds or is git/DVC state or the DVC remote")
+    tracked = (root / f"{data_dir}.dvc").exists()
+    if path.exists() and not tracked and (not path.is_dir() or any(path.iterdir())):
+        raise VersioningError(
+            f"{where}: {path} exists and is not a DVC-tracked data folder (no {data_dir}.dvc); "
+            "only the tracked data folder or a new (absent or empty) one can be versioned"
+        )
+    return path
+
+
 def publish(
     folder: str | Path,
     root: str | Path,
@@ -181,7 +203,7 @@ def publish(
 ) -> dict:
     """Make `folder` the new `data/` version: swap, dvc add, git commit data.dvc, dvc push."""
     root, folder = Path(root).resolve(), Path(folder).resolve()
-    data = root / data_dir
+    data = check_data_dir(root, data_dir)  # before the lock and any rename
     with build_lock(root, lock_timeout):
         gitignore = root / ".gitignore"
         ignore_before = gitignore.read_bytes() if gitignore.exists() else b""

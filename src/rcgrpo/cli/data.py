@@ -40,6 +40,9 @@ def build(
     from rcgrpo.versioning import VersioningError
 
     cfg = load_config(_overrides(set_, params), params)  # a bad --set: ConfigError, one line
+    from rcgrpo.versioning import check_data_dir
+
+    check_data_dir(cfg.project, cfg.data_dir)  # never another folder: before anything starts
     import sys
 
     from rcgrpo.runtime import project_root
