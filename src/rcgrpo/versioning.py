@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -52,11 +53,12 @@ def _git(root: Path, *args: str, check: bool = True) -> str:
     return done.stdout.strip()
 
 
-def _repo(root: Path):
+def _repo(root: Path, config: dict | None = None):
     from dvc.repo import Repo  # heavy import, only when versioning
 
     # site_cache_dir from the committed config is relative; pin it to this project absolutely.
-    return Repo(str(root), config={"core": {"site_cache_dir": str(root / ".dvc" / "site_cache")}})
+    pinned = {"core": {"site_cache_dir": str(root / ".dvc" / "site_cache")}}
+    return Repo(str(root), config={**pinned, **(config or {})})
 
 
 def init_project(root: str | Path, remote: str = "dvc_remote") -> None:
@@ -293,33 +295,59 @@ def rollback(
 ) -> dict:
     """Restore data/ to the version committed at `rev`, byte for byte; report what changed.
 
-    data.dvc is left as it was at `rev` (not committed): commit it to make the rollback the new
-    head, or roll forward again with the newer rev. Refuses (unless `force`) when data/ holds
-    edits that no version records, since the checkout would discard them.
+    The version's objects are fetched into the local cache (`dvc fetch` at `rev`) and checked
+    complete before anything is touched: a version in neither the cache nor the remote fails
+    with data.dvc and data/ as they were. Any later failure puts both back (data/ is moved
+    aside, not overwritten, until the checkout has finished). data.dvc is left as it was at
+    `rev` (not committed): commit it to make the rollback the new head, or roll forward again
+    with the newer rev. Refuses (unless `force`) when data/ holds edits that no version records.
     """
     root = Path(root).resolve()
     dvc_file = f"{data_dir}.dvc"
+    data = check_data_dir(root, data_dir)
     full = _resolve_rev(root, rev, dvc_file)
+    md5 = _md5_of(_git(root, "show", f"{full}:{dvc_file}"), f"{dvc_file} at {rev}")
     with build_lock(root, lock_timeout):
-        before_md5 = _md5_of((root / dvc_file).read_text()) if (root / dvc_file).exists() else ""
+        saved = (root / dvc_file).read_bytes() if (root / dvc_file).exists() else None
+        try:
+            before_md5 = _md5_of(saved.decode(errors="replace")) if saved else ""
+        except VersioningError:
+            before_md5 = ""  # an unreadable data.dvc: rolling back is how it gets repaired
         before = listing(root, before_md5) if before_md5 else {}
-        workspace = file_md5s(root / data_dir) if (root / data_dir).exists() else {}
+        workspace = file_md5s(data) if data.exists() else {}
         if workspace and workspace != before and not force:
             raise VersioningError(
-                f"{root / data_dir} has changes no dataset version records (differs from "
+                f"{data} has changes no dataset version records (differs from "
                 f"{dvc_file}); rolling back would discard them. Build/add them first, or force."
             )
-        _git(root, "checkout", full, "--", dvc_file)
-        md5 = _md5_of((root / dvc_file).read_text())
-        repo = _repo(root)
+        _fetch_version(root, full, dvc_file, md5)  # nothing touched yet if this fails
+        aside = root / ".dvc" / "tmp" / f"rcgrpo-rollback-{uuid.uuid4().hex[:12]}"
+        if data.exists():
+            data.rename(aside)
+        repo = None
         try:
-            local = root / ".dvc" / "cache" / "files" / "md5"
-            wanted = [md5, *listing(root, md5).values()]
-            if not all((local / m[:2] / m[2:]).exists() for m in wanted):
-                repo.fetch([str(root / dvc_file)])  # not in the local cache: from the remote
+            _git(root, "checkout", full, "--", dvc_file)
+            repo = _repo(root)
             repo.checkout(targets=[str(root / dvc_file)], force=True)
+            if file_md5s(data) != listing(root, md5):
+                raise VersioningError(f"dvc checkout left {data} different from version {md5}")
+        except Exception as e:
+            shutil.rmtree(data, ignore_errors=True)
+            if aside.exists():
+                aside.rename(data)
+            if saved is None:
+                (root / dvc_file).unlink(missing_ok=True)
+            else:
+                (root / dvc_file).write_bytes(saved)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise VersioningError(
+                f"rollback to {rev} failed, {dvc_file} and {data_dir}/ restored as they were: "
+                f"{first}"
+            ) from None
         finally:
-            repo.close()
+            if repo is not None:
+                repo.close()
+        shutil.rmtree(aside, ignore_errors=True)
         after = listing(root, md5)
     return {
         "rev": full,
@@ -331,6 +359,43 @@ def rollback(
         "rows_before": _rows(_manifest(root, before)),
         "rows_after": _rows(_manifest(root, after)),
     }
+
+
+def _fetch_version(root: Path, full: str, dvc_file: str, md5: str) -> None:
+    """`dvc fetch` the objects of data.dvc at `full` into the local cache (data.dvc and data/
+    untouched), then check every one is there; VersioningError in one line if not."""
+    local = root / ".dvc" / "cache" / "files" / "md5"
+
+    def missing() -> list[str]:
+        if not (local / md5[:2] / md5[2:]).exists():
+            return [md5]
+        return [m for m in listing(root, md5).values() if not (local / m[:2] / m[2:]).exists()]
+
+    if not missing():
+        return
+    # the remote's url pinned absolute: inside a past revision DVC would resolve the committed
+    # relative one against that revision's tree, not this folder
+    repo = _repo(root, {"remote": {REMOTE_NAME: {"url": str(_remote_dir(root))}}})
+    error = ""
+    quiet = [logging.getLogger(n) for n in ("dvc", "dvc_data")]  # its WARNING is our one line
+    levels = [q.level for q in quiet]
+    try:
+        for q in quiet:
+            q.setLevel(logging.ERROR)
+        with contextlib.chdir(root):  # with revs, DVC resolves targets against the cwd
+            repo.fetch(targets=[dvc_file], revs=[full], workspace=False)
+    except Exception as e:  # DVC lists every missing object over many lines: keep the first
+        error = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    finally:
+        for q, level in zip(quiet, levels, strict=True):
+            q.setLevel(level)
+        repo.close()
+    if lost := missing():
+        raise VersioningError(
+            f"version {md5} (rev {full[:10]}) cannot be restored: {len(lost)} of its objects "
+            f"are in neither the cache nor the remote {_remote_dir(root)} ({error or 'missing'});"
+            " nothing was changed"
+        )
 
 
 def file_md5s(folder: str | Path) -> dict[str, str]:
