@@ -99,7 +99,9 @@ def test_eval_on_a_missing_path(tmp_path):
     one_line_error(cli("eval", str(tmp_path / "nope")), f"{tmp_path / 'nope'} is not a folder")
 
 
-@pytest.mark.parametrize("text", ["", "outs:\n- md5: 0123", "outs:\n- md5: [", "outs:\n- path: d\n"])
+@pytest.mark.parametrize(
+    "text", ["", "outs:\n- md5: 0123", "outs:\n- md5: [", "outs:\n- path: d\n"]
+)
 def test_an_empty_or_truncated_data_dvc(tmp_path, text):
     """`data versions` says so in one line; an MLflow run still starts, tagged 'unreadable'."""
     from mlflow import MlflowClient
@@ -112,8 +114,8 @@ def test_an_empty_or_truncated_data_dvc(tmp_path, text):
     (root / "data.dvc").write_text(text)
     out = cli("data", "versions", "--root", str(root))
     one_line_error(out, "data.dvc is empty or truncated")
-    with pytest.warns(UserWarning, match="data version not recorded"):
-        with tracking.start_run("probe", root=root) as run:
-            pass
+    warned = pytest.warns(UserWarning, match="data version not recorded")
+    with warned, tracking.start_run("probe", root=root) as run:
+        pass
     tags = MlflowClient().get_run(run.info.run_id).data.tags
     assert tags["data.md5"] == "unreadable" and tags["data.version"] == "unreadable:unreadable"
