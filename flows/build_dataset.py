@@ -3,8 +3,9 @@
 experts -> failures (perturbations; rollouts of the base policy, by default params.yaml
 `model:`, when enabled; only failures of tool calling are kept, see failures.refusal) -> label ->
 write (into a staging folder) -> validate (Great Expectations) -> version (swap into data/,
-dvc add, git commit data.dvc) -> push. A failing suite raises before versioning, so data/ and
-data.dvc keep the previous version, checked out. Retries only on the I/O tasks (write, push).
+dvc add, git commit data.dvc, dvc push: one task under the build lock, recoverable after a
+kill, see rcgrpo.versioning.publish). A failing suite raises before versioning, so data/ and
+data.dvc keep the previous version, checked out. Retries only on the I/O task write.
 Runs against PREFECT_API_URL when set, else an ephemeral local server.
 
     rcgrpo data build                                   # params.yaml `dataset:`
@@ -165,9 +166,14 @@ def version(cfg: DatasetConfig, folder: Path) -> dict:
     from rcgrpo.versioning import publish
 
     result = publish(
-        folder, cfg.project, cfg.data_dir, message="data: build dataset", commit=cfg.commit,
-        push=False, lock_timeout=cfg.lock_timeout_s,
-    )  # fmt: skip
+        folder,
+        cfg.project,
+        cfg.data_dir,
+        message="data: build dataset",
+        commit=cfg.commit,
+        push=cfg.push,
+        lock_timeout=cfg.lock_timeout_s,
+    )  # fmt: skip  (the push inside the build lock: no other build can move data/ meanwhile)
     get_run_logger().info("versioned %s: rev %s md5 %s", cfg.data_dir, result["rev"], result["md5"])
     return result
 
@@ -180,13 +186,6 @@ def prepare(cfg: DatasetConfig) -> None:
 
     init_project(cfg.project, cfg.remote)
     check_data_dir(cfg.project, cfg.data_dir)
-
-
-@task(cache_policy=NONE, retries=2, retry_delay_seconds=2)
-def push(cfg: DatasetConfig) -> None:
-    from rcgrpo.versioning import push as dvc_push
-
-    dvc_push(cfg.project, cfg.data_dir)
 
 
 def _config(cfg: DatasetConfig | None, overrides: dict | None) -> DatasetConfig:
@@ -206,8 +205,6 @@ def publish_dataset_flow(
     staged = stage_copy(cfg, Path(folder))
     validate(cfg, staged)
     result = version(cfg, staged)
-    if cfg.push:
-        push(cfg)
     return result
 
 
@@ -237,8 +234,6 @@ def build_dataset_flow(
     folder = write(cfg, rctp, sft, expert_failures, rollout_summary)
     validate(cfg, folder)
     result = version(cfg, folder)
-    if cfg.push:
-        push(cfg)
     counts = {
         f"{name}/{split}": {"high": sum(r.paper_reward for r in rows), "rows": len(rows)}
         for name, sets in (("rctp", rctp), ("sft", sft))

@@ -64,10 +64,25 @@ def user_error(exc: BaseException) -> str | None:
     return None
 
 
+def _recover_publish() -> None:
+    """A dataset publish killed mid-way leaves its journal: finish or undo it before any command
+    reads data/ (rcgrpo.versioning.recover; a stat when there is none)."""
+    from pathlib import Path
+
+    from rcgrpo.runtime import project_root
+
+    if (Path(project_root()) / ".dvc" / "tmp" / "rcgrpo-publish.json").exists():
+        from rcgrpo.versioning import build_lock
+
+        with build_lock(project_root(), timeout=60):  # recovers when it takes the lock
+            pass
+
+
 def main() -> None:
     from rcgrpo.runtime import apply_defaults
 
     apply_defaults()
+    _recover_publish()
     try:
         app(standalone_mode=True)
     except Exception as e:
