@@ -105,3 +105,46 @@ def test_served_deployment_has_cron_and_a_triggered_run_completes(server, tmp_pa
     runs = client.search_runs([client.get_experiment_by_name("rcgrpo").experiment_id])
     assert [r.info.run_name for r in runs] == ["pipeline"]
     assert runs[0].info.status == "FINISHED" and runs[0].data.tags["git.commit"]
+
+
+def _request(url: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None):
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def test_a_foreign_origin_and_a_post_without_csrf_token_are_refused(server):
+    """Issue 12: the server ran with CORS * and CSRF off, so any web page could start runs."""
+    ui = server.removesuffix("/api")
+    evil = {"Origin": "http://evil.example"}
+    status, headers, _ = _request(f"{server}/health", headers=evil)
+    allow = {k.lower(): v for k, v in headers.items()}.get("access-control-allow-origin")
+    assert status == 200 and allow is None  # the browser hides the answer from the page
+    status, headers, _ = _request(f"{server}/health", headers={"Origin": ui})
+    assert {k.lower(): v for k, v in headers.items()}["access-control-allow-origin"] == ui
+    preflight = {**evil, "Access-Control-Request-Method": "POST"}
+    status, _, _ = _request(f"{server}/flows/", "OPTIONS", preflight)
+    assert status == 400  # "Disallowed CORS origin"
+    body = b'{"name": "planted-by-a-web-page"}'
+    status, _, text = _request(f"{server}/flows/", "POST",
+                               {**evil, "Content-Type": "application/json"}, body)  # fmt: skip
+    assert status == 403 and b"CSRF" in text
+
+    async def client_path():  # the project's own client fetches its CSRF token and works
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: server}):
+            async with get_client() as client:
+                made = await client.create_flow_from_name("made-by-the-client")
+                names = [f.name for f in await client.read_flows()]
+        return made, names
+
+    made, names = asyncio.run(client_path())
+    assert made and "made-by-the-client" in names and "planted-by-a-web-page" not in names

@@ -1,7 +1,9 @@
 """Start, wait for and stop the two local UIs: the MLflow UI and the Prefect server (with its UI).
 
 Both bind to 127.0.0.1 and use settings that suit 2 cores: MLflow with one worker and its job
-execution off, Prefect on SQLite. Each server is started in its own process group so that Ctrl-C
+execution off, Prefect on SQLite. Prefect allows CORS only from its UI's own origin and requires
+CSRF tokens on state-changing requests (MLflow refuses cross-origin requests by default);
+tests/test_schedule.py checks both against a started server. Each server is started in its own process group so that Ctrl-C
 or `stop()` ends it together with the workers it spawned (and nothing else).
 
     rcgrpo ui                      # both, until Ctrl-C (see rcgrpo.cli.pipeline)
@@ -76,6 +78,14 @@ def start_prefect(
     env.pop("PREFECT_API_URL", None)  # the server itself must not point at another one
     if home is not None:
         env["PREFECT_HOME"] = str(home)
+    url = f"http://{HOST}:{port}"
+    # A page from another origin must not drive the server (it starts flow runs with any
+    # parameters): CORS only for the UI's own origin, and CSRF tokens on every POST/PUT/PATCH/
+    # DELETE (Prefect's clients fetch them; PREFECT_CLIENT_CSRF_SUPPORT_ENABLED is on by
+    # default). Prefect 3.9 has no Host-header check: it binds to 127.0.0.1 only.
+    env["PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS"] = url
+    env["PREFECT_SERVER_API_CORS_ALLOWED_METHODS"] = "GET,POST,PUT,PATCH,DELETE,OPTIONS"
+    env["PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED"] = "true"
     cmd = [
         _bin("prefect"),
         "server",
@@ -86,7 +96,6 @@ def start_prefect(
         str(port),
         "--analytics-off",
     ]
-    url = f"http://{HOST}:{port}"
     log = Path(log_dir or project_root() / "cache" / "logs") / "prefect-server.log"
     return _spawn("Prefect UI", cmd, env, url, f"{url}/api/health", log)
 
