@@ -72,9 +72,12 @@ def _recover_publish() -> None:
     from rcgrpo.runtime import project_root
 
     if (Path(project_root()) / ".dvc" / "tmp" / "rcgrpo-publish.json").exists():
-        from rcgrpo.versioning import build_lock
+        from rcgrpo.versioning import BuildLocked, build_lock
 
-        with build_lock(project_root(), timeout=60):  # recovers when it takes the lock
+        try:  # recovers when it takes the lock; held = that publish is still running
+            with build_lock(project_root(), timeout=0):
+                pass
+        except BuildLocked:
             pass
 
 
