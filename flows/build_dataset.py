@@ -4,7 +4,7 @@ experts -> failures (perturbations; rollouts of the base policy, by default para
 `model:`, when enabled; only failures of tool calling are kept, see failures.refusal) -> label ->
 write (into a staging folder) -> validate (Great Expectations) -> version (swap into data/,
 dvc add, git commit data.dvc, dvc push: one task under the build lock, recoverable after a
-kill, see rcgrpo.versioning.publish). A failing suite raises before versioning, so data/ and
+kill, see rcgrpo.publishing). A failing suite raises before versioning, so data/ and
 data.dvc keep the previous version, checked out. Retries only on the I/O task write.
 Runs against PREFECT_API_URL when set, else an ephemeral local server.
 
@@ -163,7 +163,7 @@ def validate(cfg: DatasetConfig, folder: Path):
 def version(cfg: DatasetConfig, folder: Path) -> dict:
     """Swap the validated folder into data/, dvc add, git commit data.dvc (not retried: the
     swap is not idempotent; publish restores the previous data/ itself on failure)."""
-    from rcgrpo.versioning import publish
+    from rcgrpo.publishing import publish
 
     result = publish(
         folder,

@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from rcgrpo.publishing import publish
 from rcgrpo.trajectories.dataset import DatasetConfig, build_folder
 from rcgrpo.versioning import (
     BuildLocked,
@@ -22,7 +23,6 @@ from rcgrpo.versioning import (
     file_md5s,
     init_project,
     listing,
-    publish,
     rollback,
     staging_dir,
     versions,
@@ -269,7 +269,7 @@ def _publish_killed_at(point, folder, project):
     import signal
     import sys
 
-    code = f"from rcgrpo.versioning import publish; publish({str(folder)!r}, {str(project)!r})"
+    code = f"from rcgrpo.publishing import publish; publish({str(folder)!r}, {str(project)!r})"
     env = {**os.environ, "RCGRPO_PUBLISH_PAUSE": point}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             env=env)  # fmt: skip
