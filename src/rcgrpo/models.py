@@ -258,11 +258,12 @@ def _renders_tools(tokenizer) -> bool:
     return "zz_probe_tool" in text
 
 
-def _register_tokens(tokenizer, model, tokens: list[str], base_weights: bool = True) -> None:
-    """Add missing tokens as special tokens; on base weights their rows = the mean base row, in
-    the input embedding and an untied head. A padded vocabulary (Qwen2.5: 152,064 rows for
-    151,665 tokens) already has rows for them: those spare rows are set too, not left as they
-    were. base_weights False: a full fine-tune's saved weights, whose rows are trained."""
+def _register_tokens(tokenizer, model, tokens: list[str], also_new: tuple[str, ...] = ()) -> None:
+    """Add missing tokens as special tokens; the rows of tokens new to the weights = the mean
+    base row, in the input embedding and an untied head. A padded vocabulary (Qwen2.5: 152,064
+    rows for 151,665 tokens) already has rows for them: those spare rows are set too, not left
+    as they were. New = added now, beyond the old matrix, or in `also_new` (a saved tokenizer
+    that already holds them over fresh base weights)."""
     import torch
     from tokenizers import AddedToken
 
@@ -272,11 +273,7 @@ def _register_tokens(tokenizer, model, tokens: list[str], base_weights: bool = T
     old = model.get_input_embeddings().weight.shape[0]
     if len(tokenizer) > old:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-    if not base_weights:
-        return
-    # New to the base: added now, rows beyond the old matrix, and the reward tokens (no base
-    # model has them; a saved tokenizer already holds them over fresh base rows).
-    new = {tokenizer.convert_tokens_to_ids(t) for t in missing + list(REWARD_TOKENS) if t in tokens}
+    new = {tokenizer.convert_tokens_to_ids(t) for t in [*missing, *also_new] if t in tokens}
     new = sorted(new | set(range(old, len(tokenizer))))
     if not new:
         return
@@ -343,8 +340,10 @@ def load_policy(cfg: ModelConfig, adapter_path: str | Path | None = None) -> Pol
     if not _renders_tools(tokenizer):
         tokenizer.chat_template = PROJECT_TEMPLATE
     native = tokenizer.chat_template != PROJECT_TEMPLATE
+    # A LoRA reload: the saved tokenizer has the reward tokens, the base weights are fresh.
+    also_new = REWARD_TOKENS if adapter is not None and not full else ()
     _register_tokens(
-        tokenizer, model, [*REWARD_TOKENS, *(() if native else ("<|im_end|>",))], not full
+        tokenizer, model, [*REWARD_TOKENS, *(() if native else ("<|im_end|>",))], also_new
     )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
