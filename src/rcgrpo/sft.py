@@ -41,7 +41,9 @@ class SFTConfig:
     batch_size: int = 16  # sequences per optimizer step (paper: 16)
     micro_batch_size: int = 4  # sequences per forward pass; accumulation = batch / micro
     epochs: int = 5  # passes over the data (paper: 5 for RCTP-FT, 2 for SFT)
-    max_len: int = 4096  # longer rendered trajectories are truncated (right side)
+    max_len: int = 0  # longest rendered example kept; longer ones are dropped and counted
+    # (0 = the model profile's sft_max_len, rcgrpo.models.PROFILES; a cut would lose the
+    # assistant tokens at the end or the system prompt at the start)
     warmup_ratio: float = 0.03  # linear warmup fraction of the steps, then linear decay to 0
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global grad norm (0 = off)
@@ -99,6 +101,28 @@ def summed_ce(model, ids, mask, attn) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.float(), ids[:, 1:][where], reduction="sum")
 
 
+def fit(examples: list[tuple[torch.Tensor, torch.Tensor]], max_len: int):
+    """The examples of at most max_len tokens (0 = all). Dropped ones are counted in a warning;
+    none left, or none with an assistant token, is an error."""
+    import warnings
+
+    kept = [e for e in examples if not max_len or len(e[0]) <= max_len]
+    if len(kept) < len(examples):
+        longest = max(len(x) for x, _ in examples)
+        msg = (
+            f"SFT: dropped {len(examples) - len(kept)} of {len(examples)} examples longer than "
+            f"max_len {max_len} tokens (longest {longest}); raise sft/rctp max_len to keep them"
+        )
+        if not kept:
+            raise ValueError(msg)
+        warnings.warn(msg, stacklevel=2)
+    if not any(int(m[1:].sum()) for _, m in kept):
+        raise ValueError(
+            f"SFT: none of the {len(kept)} examples has an assistant token to train on"
+        )
+    return kept
+
+
 def lr_lambda(total: int, warmup_ratio: float):
     warm = max(1, math.ceil(total * warmup_ratio)) if warmup_ratio > 0 else 0
 
@@ -123,7 +147,7 @@ def train_sft(
 
     if not examples:
         raise ValueError(f"no training examples for mode {cfg.mode!r} in {cfg.data}")
-    examples = [(x[: cfg.max_len], m[: cfg.max_len]) for x, m in examples]
+    examples = fit(examples, cfg.max_len)
     torch.manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -197,10 +221,13 @@ def run_sft(
 ) -> Path:
     """Load the base policy (rcgrpo.models), fine-tune it on cfg.data, save it to
     <out_dir>/final (save_policy: adapter or full weights + tokenizer); returns that folder."""
+    import dataclasses
+
     from rcgrpo.checkpoint import check_writable
-    from rcgrpo.models import load_policy, save_policy
+    from rcgrpo.models import PROFILES, load_policy, save_policy
     from rcgrpo.trajectories.record import read_jsonl
 
+    cfg = dataclasses.replace(cfg, max_len=cfg.max_len or PROFILES[model_cfg.profile].sft_max_len)
     check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
     records = read_jsonl(cfg.data)  # before the model: a corrupt row fails in a second
     policy = load_policy(model_cfg)

@@ -31,8 +31,8 @@ class RolloutConfig:
     protocol: str = "combined"  # "combined" (paper, Step 1..n + done()) | "bfcl" (turn by turn)
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # nucleus sampling mass
-    max_new_tokens: int = 128  # per model message
-    max_total_tokens: int = 2048  # per episode: prompt + every turn (the token budget)
+    max_new_tokens: int = 0  # per model message (0 = the model profile's, rcgrpo.models.PROFILES)
+    max_total_tokens: int = 0  # per episode: prompt + every turn (0 = the model profile's)
     max_steps: int = 20  # model messages per turn (BFCL's step limit)
     max_batch: int = 64  # most sequences in one batched generate call
     prefix_cache: bool = True  # hf: an episode's next message prefills only its new tokens
@@ -47,12 +47,31 @@ class RolloutConfig:
             raise ValueError(f"rollout.protocol must be 'bfcl' or 'combined': {self.protocol!r}")
         if not 0 < self.top_p <= 1 or self.temperature < 0:
             raise ValueError("rollout.top_p must be in (0, 1] and temperature >= 0")
+        if self.max_new_tokens < 0 or self.max_total_tokens < 0:
+            raise ValueError(
+                "rollout.max_new_tokens / max_total_tokens must be >= 0 (0 = profile's)"
+            )
         if self.threads < 0:
             raise ValueError(f"rollout.threads must be >= 0 (0 = default), got {self.threads}")
 
     @property
     def limits(self) -> Limits:
+        if not (self.max_new_tokens and self.max_total_tokens):
+            raise ValueError("token limits unresolved: call RolloutConfig.for_policy(policy)")
         return Limits(self.max_new_tokens, self.max_total_tokens, self.max_steps)
+
+    def for_policy(self, policy) -> RolloutConfig:
+        """This config with every 0 token limit set to the policy's profile budget."""
+        from dataclasses import replace
+
+        from rcgrpo.models import PROFILES
+
+        profile = PROFILES[policy.config.profile]
+        return replace(
+            self,
+            max_new_tokens=self.max_new_tokens or profile.max_new_tokens,
+            max_total_tokens=self.max_total_tokens or profile.max_total_tokens,
+        )
 
 
 @dataclass
@@ -75,7 +94,7 @@ class Engine:
     """Base class: the episode scheduler. Subclasses implement `generate` and `sync`."""
 
     def __init__(self, cfg: RolloutConfig, policy):
-        self.cfg = cfg
+        self.cfg = cfg.for_policy(policy)  # 0 token limits = the profile's budgets
         self.policy = policy
         self.renderer = Renderer(policy.tokenizer, policy.stop_id)
         self.generated_tokens = 0  # running count, for benchmarks and logs
@@ -131,4 +150,25 @@ class Engine:
                     steps[i] += 1
                     if loops[i].pending() is None:
                         self.finished(loops[i].ids)
-        return [loop.result() for loop in loops]
+        results = [loop.result() for loop in loops]
+        check_sampled(results, self.cfg.max_total_tokens)
+        return results
+
+
+def check_sampled(rollouts: list[Rollout], budget: int) -> None:
+    """Episodes that stopped before their first token (prompt over the episode budget) train
+    and score nothing: warn with counts; a batch where every episode did so is an error."""
+    import warnings
+
+    empty = [r for r in rollouts if r.n_sampled == 0]
+    if not empty:
+        return
+    longest = max(r.prompt_len for r in empty)
+    msg = (
+        f"{len(empty)} of {len(rollouts)} episodes sampled no token: their first prompt (up to "
+        f"{longest} tokens) leaves no room in rollout.max_total_tokens = {budget}; raise it "
+        "(0 = the model profile's budget)"
+    )
+    if len(empty) == len(rollouts):
+        raise RuntimeError(msg)
+    warnings.warn(msg, stacklevel=3)

@@ -273,7 +273,7 @@ def rollout_failures(
     protocol: str,
     seed: int,
     model: ModelConfig,
-    max_total_tokens: int = 1024,
+    max_total_tokens: int = 0,
 ) -> RolloutReport:
     """Usable failures (`refusal` is None) among rollouts of the base policy of `model`.
 
@@ -282,14 +282,17 @@ def rollout_failures(
     goal (the base policy has never seen one), sampling seeded with `seed`. The split of each
     record comes from the committed split file. Raises ImportError (or the loader's error) when
     the engine or its model cannot be loaded; the caller decides whether that is an error
-    (rollouts: "on") or a skip (rollouts: "auto").
+    (rollouts: "on") or a skip (rollouts: "auto"). max_total_tokens 0 = the profile's episode
+    budget (a fixed small one would stop every full-docs prompt before its first token); 128
+    tokens per message bound the base model's rambling (a cut message is no usable failure).
     """
     from rcgrpo.engines import RolloutConfig, make_engine  # heavy: torch, transformers
     from rcgrpo.models import load_policy
 
     policy = load_policy(model)
     engine = make_engine(
-        RolloutConfig(protocol=protocol, max_total_tokens=max_total_tokens), policy
+        RolloutConfig(protocol=protocol, max_new_tokens=128, max_total_tokens=max_total_tokens),
+        policy,
     )
     report = RolloutReport(model={"profile": model.profile, "path": model.path, "seed": model.seed})
     for rollout in engine.rollout(list(tasks), reward_tokens=None, protocol=protocol, seed=seed):
