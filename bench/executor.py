@@ -7,7 +7,9 @@ copies, `rcgrpo.bfcl.conformance.cases`) and produce the official per-turn verdi
             turn as bfcl-eval's checker does);
   * theirs: bfcl-eval's `execute_multi_turn_func_call` + `multi_turn_checker` (regex rewrite +
             eval, instances in module globals, the ground truth re-executed on every check).
-"cold" clears our ground-truth memo first, so each task's first check pays for its ground-truth
+Our replay runs in the sandbox worker process (rcgrpo.bfcl.sandbox: per-call wall-clock and
+memory limits, one round trip per trajectory), so the figures include that cost.
+"cold" clears our ground-truth memo (the worker's) first, so each task's first check pays for its ground-truth
 run; "warm" is the RL case (G rollouts of the same task scored one after another).
 Prints trajectories/s for each and, last, the ratio ours/theirs (warm, the RL regime; target 3x).
 
@@ -17,6 +19,8 @@ Prints trajectories/s for each and, last, the ratio ours/theirs (warm, the RL re
 from __future__ import annotations
 
 import argparse
+import os
+import threading
 import time
 
 from rcgrpo.runtime import apply_defaults
@@ -28,7 +32,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     apply_defaults()
-    from rcgrpo.bfcl.checkers import bfcl_check, ground_truth_run
+    from rcgrpo.bfcl.checkers import bfcl_check, clear_worker_memo
     from rcgrpo.bfcl.conformance import cases, official_verdict
     from rcgrpo.bfcl.tasks import load_tasks
 
@@ -41,11 +45,12 @@ def main() -> None:
             fn(i, task, trajectory)
         return time.perf_counter() - start
 
+    bfcl_check(work[0][0], work[0][2])  # start the worker outside the timing
     theirs = timed(lambda i, task, traj: official_verdict(task, traj, f"bench_{i}"))
-    ground_truth_run.cache_clear()
+    clear_worker_memo()
     ours_cold = timed(lambda i, task, traj: bfcl_check(task, traj))
     ours_warm = timed(lambda i, task, traj: bfcl_check(task, traj))
-    print(f"trajectories: {n}")
+    print(f"trajectories: {n}; threads: {threading.active_count()}; load: {os.getloadavg()}")
     print(f"bfcl-eval path   : {n / theirs:9.1f} trajectories/s")
     print(f"ours (cold memo) : {n / ours_cold:9.1f} trajectories/s")
     print(f"ours (warm memo) : {n / ours_warm:9.1f} trajectories/s")
