@@ -220,8 +220,35 @@ def step_text(calls: list[str]) -> str:
     return "[" + ", ".join(calls) + "]"
 
 
+def exportable(text: str, names: frozenset[str]) -> bool:
+    """A call string bfcl-eval may see: it re-parses (our literal-only parser) to exactly one
+    call to one of the task's own functions and prints back identically, so bfcl-eval's `eval`
+    of it can only call that function with literals. Unknown names, text that does not parse
+    and anything not in canonical form are never exported (a JSON call's name or argument key
+    could otherwise smuggle code into the python-call text)."""
+    from rcgrpo.bfcl.executor import parse_calls
+
+    parsed = parse_calls(text)
+    return (
+        not parsed.errors
+        and len(parsed.calls) == 1
+        and parsed.calls[0].name in names
+        and str(parsed.calls[0]) == text
+    )
+
+
+def _task_function_names(task_id: str) -> frozenset[str]:
+    from rcgrpo.bfcl.tasks import get_task
+
+    try:
+        return frozenset(d["name"] for d in get_task(task_id).function_docs)
+    except KeyError:  # not a BFCL task: nothing of it is exported
+        return frozenset()
+
+
 def write_bfcl_results(outcomes: list[Outcome], out_dir: Path, model_name: str) -> list[Path]:
-    """One bfcl-eval result file per (token, seed, category); returns the files written."""
+    """One bfcl-eval result file per (token, seed, category); returns the files written.
+    Only `exportable` calls are written (bfcl-eval evaluates result strings with `eval`)."""
     groups: dict[tuple, list[Outcome]] = {}
     for o in outcomes:
         groups.setdefault((o.token, o.seed, o.protocol, o.category), []).append(o)
@@ -232,10 +259,11 @@ def write_bfcl_results(outcomes: list[Outcome], out_dir: Path, model_name: str) 
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"BFCL_v4_multi_turn_{category}_result.json"
         rows = sorted(rows, key=lambda o: int(o.task_id.rsplit("_", 1)[1]))
-        lines = [
-            json.dumps({"id": o.task_id, "result": [[step_text(s) for s in t] for t in o.calls]})
-            for o in rows
-        ]
+        lines = []
+        for o in rows:
+            names = _task_function_names(o.task_id)
+            result = [[step_text([c for c in s if exportable(c, names)]) for s in t] for t in o.calls]
+            lines.append(json.dumps({"id": o.task_id, "result": result}))
         path.write_text("\n".join(lines) + "\n")
         written.append(path)
     return written
