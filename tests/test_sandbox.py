@@ -31,7 +31,12 @@ LOG = "logarithm(value=2, base=3, precision=50000000)"
 # (task, calls that set state up, hostile call, a normal call that must work afterwards)
 MATH, FS, MSG = "multi_turn_base_15", "multi_turn_base_0", "multi_turn_base_14"
 TW = FS  # multi_turn_base_0: GorillaFileSystem + TwitterAPI
-TICKET, TRADE, TRAVEL, CAR = "multi_turn_base_2", "multi_turn_base_100", "multi_turn_base_150", "multi_turn_base_50"
+TICKET, TRADE, TRAVEL, CAR = (
+    "multi_turn_base_2",
+    "multi_turn_base_100",
+    "multi_turn_base_150",
+    "multi_turn_base_50",
+)
 TW_LOGIN = "authenticate_twitter(username='analyst_pro', password='Kj8#mP9$vL2')"
 CORPUS = [
     (MATH, ["add(a=1, b=2)"], POWER, "add(a=2, b=2)"),
@@ -165,7 +170,9 @@ def test_kill_9_during_a_call_fails_that_call_only():
         step = episode.step(POWER)
         killer.join()
         assert time.monotonic() - start < 10
-        assert step.observations == ["Error during execution: the tool process died (exit status -9)"]
+        assert step.observations == [
+            "Error during execution: the tool process died (exit status -9)"
+        ]
         assert box.pid() != pid
         assert episode.step("add(a=2, b=2)").observations == ['{"result": 4}']
     finally:

@@ -220,21 +220,20 @@ def step_text(calls: list[str]) -> str:
     return "[" + ", ".join(calls) + "]"
 
 
-def exportable(text: str, names: frozenset[str]) -> bool:
-    """A call string bfcl-eval may see: it re-parses (our literal-only parser) to exactly one
-    call to one of the task's own functions and prints back identically, so bfcl-eval's `eval`
-    of it can only call that function with literals. Unknown names, text that does not parse
-    and anything not in canonical form are never exported (a JSON call's name or argument key
-    could otherwise smuggle code into the python-call text)."""
+def export_form(text: str, names: frozenset[str]) -> str | None:
+    """The form in which a call may reach bfcl-eval, or None: it must parse (our literal-only
+    parser) to exactly one call to one of the task's own functions, and is written back in our
+    canonical print, which re-parses to the same call. bfcl-eval `eval`s result strings, so
+    unknown names, text that does not parse and literals without a literal print (`1e999`
+    prints `inf`) are never exported; a JSON call's free-text name or argument key never is."""
     from rcgrpo.bfcl.executor import parse_calls
 
     parsed = parse_calls(text)
-    return (
-        not parsed.errors
-        and len(parsed.calls) == 1
-        and parsed.calls[0].name in names
-        and str(parsed.calls[0]) == text
-    )
+    if parsed.errors or len(parsed.calls) != 1 or parsed.calls[0].name not in names:
+        return None
+    canonical = str(parsed.calls[0])
+    again = parse_calls(canonical)
+    return canonical if not again.errors and again.calls == parsed.calls else None
 
 
 def _task_function_names(task_id: str) -> frozenset[str]:
@@ -246,9 +245,13 @@ def _task_function_names(task_id: str) -> frozenset[str]:
         return frozenset()
 
 
+def _exported(step: list[str], names: frozenset[str]) -> list[str]:
+    return [form for form in (export_form(c, names) for c in step) if form is not None]
+
+
 def write_bfcl_results(outcomes: list[Outcome], out_dir: Path, model_name: str) -> list[Path]:
     """One bfcl-eval result file per (token, seed, category); returns the files written.
-    Only `exportable` calls are written (bfcl-eval evaluates result strings with `eval`)."""
+    Only calls with an `export_form` are written (bfcl-eval evaluates them with `eval`)."""
     groups: dict[tuple, list[Outcome]] = {}
     for o in outcomes:
         groups.setdefault((o.token, o.seed, o.protocol, o.category), []).append(o)
@@ -262,7 +265,7 @@ def write_bfcl_results(outcomes: list[Outcome], out_dir: Path, model_name: str) 
         lines = []
         for o in rows:
             names = _task_function_names(o.task_id)
-            result = [[step_text([c for c in s if exportable(c, names)]) for s in t] for t in o.calls]
+            result = [[step_text(_exported(s, names)) for s in t] for t in o.calls]
             lines.append(json.dumps({"id": o.task_id, "result": result}))
         path.write_text("\n".join(lines) + "\n")
         written.append(path)

@@ -218,9 +218,7 @@ class Episode(_Turns):
 
         super().__init__(task, hide_missed=hide_missed, step_limit=step_limit)
         modules, _ = _backend()
-        classes = [
-            getattr(importlib.import_module(modules[n]), n) for n in task.involved_classes
-        ]
+        classes = [getattr(importlib.import_module(modules[n]), n) for n in task.involved_classes]
         # name -> the class's function (membership and signatures; nothing runs here)
         self._all = {n: getattr(c, n) for c in classes for n in _public_method_names(c)}
         self.sandbox = sandbox or sandboxes.default()
@@ -229,7 +227,9 @@ class Episode(_Turns):
 
     def _run(self, calls: list[Call], want: str | None = None):
         sandbox = self.sandbox
-        observations, ok, extra, killed = sandbox.run_step(self._id, self.task, self._log, calls, want)
+        observations, ok, extra, killed = sandbox.run_step(
+            self._id, self.task, self._log, calls, want
+        )
         self._log += [c for i, c in enumerate(calls) if i not in killed]
         return observations, ok, extra
 
@@ -244,7 +244,10 @@ class Episode(_Turns):
             if call.name in functions and not call.name.startswith("_"):
                 observation, ran = next(results)
             else:  # the same refusal as dispatch gives, without a round trip
-                ran, observation = False, f"Error during execution: function {call.name!r} is not available"
+                ran, observation = (
+                    False,
+                    f"Error during execution: function {call.name!r} is not available",
+                )
             observations.append(observation)
             ok.append(ran)
         observations += [f"Error: could not parse tool call: {e}" for e in parsed.errors]
@@ -258,4 +261,3 @@ class Episode(_Turns):
     def instances(self) -> dict[str, object]:
         """Copies of the worker's API instances (for inspection)."""
         return self._run([], "instances")[2]
-
