@@ -9,9 +9,11 @@ copies, `rcgrpo.bfcl.conformance.cases`) and produce the official per-turn verdi
             eval, instances in module globals, the ground truth re-executed on every check).
 Our replay runs in the sandbox worker process (rcgrpo.bfcl.sandbox: per-call wall-clock and
 memory limits, one round trip per trajectory), so the figures include that cost.
-"cold" clears our ground-truth memo (the worker's) first, so each task's first check pays for its ground-truth
-run; "warm" is the RL case (G rollouts of the same task scored one after another).
-Prints trajectories/s for each and, last, the ratio ours/theirs (warm, the RL regime; target 3x).
+"cold" clears our ground-truth memo (the worker's) first, so each task's first check pays for its
+ground-truth run; "warm" is the RL case (G rollouts of the same task scored one after another),
+one request per trajectory; "group" sends each task's G = 1 + perturbations trajectories in one
+request (`bfcl_check_many`, how a GRPO group is scored), sharing the process switches.
+Prints trajectories/s for each and the ratios ours/theirs (target >= 3x warm).
 
     .venv/bin/python bench/executor.py --perturbations 2
 """
@@ -32,7 +34,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     apply_defaults()
-    from rcgrpo.bfcl.checkers import bfcl_check, clear_worker_memo
+    from rcgrpo.bfcl.checkers import bfcl_check, bfcl_check_many, clear_worker_memo
     from rcgrpo.bfcl.conformance import cases, official_verdict
     from rcgrpo.bfcl.tasks import load_tasks
 
@@ -50,12 +52,22 @@ def main() -> None:
     clear_worker_memo()
     ours_cold = timed(lambda i, task, traj: bfcl_check(task, traj))
     ours_warm = timed(lambda i, task, traj: bfcl_check(task, traj))
+    groups: dict = {}
+    for task, _, trajectory in work:
+        groups.setdefault(task, []).append((task, trajectory))
+    start = time.perf_counter()
+    for items in groups.values():
+        bfcl_check_many(items)
+    ours_group = time.perf_counter() - start
     print(f"trajectories: {n}; threads: {threading.active_count()}; load: {os.getloadavg()}")
     print(f"bfcl-eval path   : {n / theirs:9.1f} trajectories/s")
     print(f"ours (cold memo) : {n / ours_cold:9.1f} trajectories/s")
     print(f"ours (warm memo) : {n / ours_warm:9.1f} trajectories/s")
+    per = n / len(groups)
+    print(f"ours (warm, group): {n / ours_group:8.1f} trajectories/s ({per:.0f} per request)")
     print(f"ratio ours/theirs (cold): {theirs / ours_cold:.2f}x")
     print(f"ratio ours/theirs (warm): {theirs / ours_warm:.2f}x")
+    print(f"ratio ours/theirs (warm, group): {theirs / ours_group:.2f}x")
 
 
 if __name__ == "__main__":

@@ -88,9 +88,9 @@ def test_corpus_covers_every_api_class():
 
 
 def _methods(class_name: str) -> set[str]:
-    from rcgrpo.bfcl.environment import _backend, _public_method_names
-
     import importlib
+
+    from rcgrpo.bfcl.environment import _backend, _public_method_names
 
     cls = getattr(importlib.import_module(_backend()[0][class_name]), class_name)
     return set(_public_method_names(cls))

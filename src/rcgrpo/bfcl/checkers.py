@@ -181,17 +181,35 @@ def score(
 
 
 def _replay(task, calls, protocol: str, paper_too: bool, sandbox=None):
-    """Send the replay to the sandbox worker (one round trip), where `replay_here` runs it."""
+    return _replay_many([(task, calls)], protocol, paper_too, sandbox)[0]
+
+
+def _replay_many(items, protocol: str, paper_too: bool, sandbox=None):
+    """Send the replays to the sandbox worker (one round trip), where `replay_here` runs them."""
     from rcgrpo.bfcl import sandbox as sandboxes
 
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     sandbox = sandbox or sandboxes.default()
-    return sandbox.request("score", task, lambda skip: (calls, protocol, paper_too, skip))[0]
+    keyed = [(id(task), calls) for task, calls in items]
+    tasks = [task for task, _ in items]
+    return sandbox.request("score", tasks, lambda skip: (keyed, protocol, paper_too, skip))[0]
+
+
+def score_many(
+    items: list[tuple[Task, list[list[list[str]]]]], protocol: str = "bfcl", sandbox=None
+) -> list[tuple[Verdict, Verdict]]:
+    """`score` of several (task, calls) in one round trip to the worker (e.g. a GRPO group):
+    the per-call limits are the same; only the process switches are shared."""
+    return _replay_many(items, protocol, True, sandbox)
+
+
+def bfcl_check_many(items, protocol: str = "bfcl", sandbox=None) -> list[Verdict]:
+    return [v for _, v in _replay_many(items, protocol, False, sandbox)]
 
 
 def replay_here(
-    task: Task, calls: list[list[list[str]]], protocol: str, paper_too: bool, skip, guard
+    task: Task, calls: list[list[list[str]]], protocol: str, paper_too: bool, guard=None
 ) -> tuple[Verdict | None, Verdict]:
     """The one replay behind both checkers, in this process (the worker). Without `paper_too`
     it stops at the first failing turn, as bfcl-eval's checker does (the paper reward needs the
@@ -284,14 +302,16 @@ def clear_worker_memo(sandbox=None) -> None:
     """Forget the worker's ground-truth memo (bench/executor.py measures the cold case)."""
     from rcgrpo.bfcl import sandbox as sandboxes
 
-    (sandbox or sandboxes.default()).request("clear", None, lambda skip: ())
+    (sandbox or sandboxes.default()).request("clear", [], lambda skip: ())
 
 
 __all__ = [
     "Verdict",
     "score",
+    "score_many",
     "paper_reward",
     "bfcl_check",
+    "bfcl_check_many",
     "ground_truth_run",
     "ground_truth_calls",
     "final_state",

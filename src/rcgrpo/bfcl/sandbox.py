@@ -26,6 +26,7 @@ The worker holds no parent state besides what is sent; model text reaches it onl
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import mmap
 import os
@@ -104,18 +105,16 @@ def _serve(conn_in: Connection, conn_out: Connection) -> None:
     tasks, episodes = {}, {}
     while True:
         try:
-            op, drops, task_key, task, *args = conn_in.recv()
+            op, drops, new_tasks, *args = conn_in.recv()
         except EOFError:
             return
         for eid in drops:
             episodes.pop(eid, None)
-        if task is not None:
-            tasks[task_key] = task
-        task = tasks.get(task_key)
+        tasks.update(new_tasks)
         if op == "episode":
-            eid, replay, calls, skip, want = args
+            task_key, eid, replay, calls, skip, want = args
             if replay is not None:  # (re)build from the initial config + earlier calls
-                episode = episodes[eid] = LocalEpisode(task, hide_missed=False)
+                episode = episodes[eid] = LocalEpisode(tasks[task_key], hide_missed=False)
                 episode.guard = _trusted_guard
                 episode.step(replay)
             episode = episodes[eid]
@@ -127,8 +126,13 @@ def _serve(conn_in: Connection, conn_out: Connection) -> None:
             elif want == "instances":
                 extra = episode.instances
             reply = (step.observations, step.ok, extra)
-        elif op == "score":
-            reply = checkers.replay_here(task, *args, guard=_model_guard(args[-1]))
+        elif op == "score":  # several trajectories, model calls numbered across all of them
+            items, protocol, paper_too, skip = args
+            guard = _model_guard(skip)
+            reply = [
+                checkers.replay_here(tasks[key], calls, protocol, paper_too, guard=guard)
+                for key, calls in items
+            ]
         else:  # "clear": forget the ground-truth memo (bench/executor.py, cold)
             checkers.ground_truth_run.cache_clear()
             reply = None
@@ -143,10 +147,8 @@ def worker_main() -> None:
     import resource
 
     fd_in, fd_out, fd_progress, memory_mb = (int(a) for a in sys.argv[1:5])
-    try:  # die with the parent thread that started us (Linux PR_SET_PDEATHSIG = 1)
-        ctypes.CDLL(None).prctl(1, 9)
-    except (OSError, AttributeError):
-        pass
+    with contextlib.suppress(OSError, AttributeError):  # die with the parent thread that
+        ctypes.CDLL(None).prctl(1, 9)  # started us (Linux PR_SET_PDEATHSIG = 1, SIGKILL)
     _progress = mmap.mmap(fd_progress, _LAYOUT.size)
     limit = memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
@@ -249,22 +251,22 @@ class Sandbox:
             why = f"the tool process died (exit status {code})"
         raise _Killed(index, why)
 
-    def request(self, op: str, task, make_args, retries: int = 3):
+    def request(self, op: str, tasks: list, make_args, retries: int = 3):
         """Send one request; on a kill, restart the worker and resend with the call skipped.
         Returns (reply, indices of the skipped calls).
 
-        make_args(skip, live) builds the op's arguments (episodes rebuild themselves when not
-        live); skip maps a model-call index to its error observation.
+        `tasks` are those the arguments name by `id(task)` (sent once per worker); make_args(skip)
+        builds the op's arguments (episodes rebuild themselves when not live); skip maps a
+        model-call index to its error observation.
         """
-        where = getattr(task, "id", op)
+        where = ", ".join(dict.fromkeys(t.id for t in tasks)) or op
         with self._lock:
             skip: dict[int, str] = {}
             for _ in range(64 + retries):
                 if self._proc is None or self._proc.poll() is not None:
                     self._start()
-                key = id(task)
-                payload = None if key in self._tasks else task
-                message = (op, self._drops[:], key, payload, *make_args(skip))
+                new = {id(t): t for t in tasks if id(t) not in self._tasks}
+                message = (op, self._drops[:], new, *make_args(skip))
                 try:
                     sent_at = time.monotonic_ns()
                     self._out.send(message)
@@ -283,7 +285,8 @@ class Sandbox:
                         skip[killed.index] = f"Error during execution: {killed.why}"
                     continue  # IDLE: died between calls; resend as it was
                 self._drops.clear()
-                self._tasks[key] = self._keep[key] = task
+                self._tasks.update(new)
+                self._keep.update(new)
                 return reply, set(skip)
             raise SandboxError(f"{where}: the tool worker keeps failing")
 
@@ -305,9 +308,9 @@ class Sandbox:
 
         def make_args(skip):
             replay = None if eid in self._live else list(log)
-            return eid, replay, calls, dict(skip), want
+            return id(task), eid, replay, calls, dict(skip), want
 
-        (observations, ok, extra), killed = self.request("episode", task, make_args)
+        (observations, ok, extra), killed = self.request("episode", [task], make_args)
         self._live.add(eid)
         return observations, ok, extra, killed
 
