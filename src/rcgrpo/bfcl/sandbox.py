@@ -178,6 +178,7 @@ class Sandbox:
         self._drops: list[int] = []
         self._next_id = 0
         self.restarts = 0  # workers replaced after a kill or a death
+        self._owner = os.getpid()
         _ALL.add(self)
 
     # -- process ---------------------------------------------------------------------------------
@@ -216,7 +217,8 @@ class Sandbox:
 
     def close(self) -> None:
         with self._lock:
-            self._stop()
+            if self._owner == os.getpid():  # never the worker of the process we forked from
+                self._stop()
             self._proc = None
 
     def pid(self) -> int | None:
@@ -261,6 +263,8 @@ class Sandbox:
         """
         where = ", ".join(dict.fromkeys(t.id for t in tasks)) or op
         with self._lock:
+            if self._owner != os.getpid():  # a forked child: the worker is the parent's
+                self._proc, self._owner = None, os.getpid()
             skip: dict[int, str] = {}
             for _ in range(64 + retries):
                 if self._proc is None or self._proc.poll() is not None:
