@@ -89,6 +89,7 @@ class Step:
     observations: list[str]  # one per call, then one per parse error
     ok: list[bool]  # per call: dispatched and raised nothing
     parse_errors: list[str] = field(default_factory=list)
+    overran: list[bool] = field(default_factory=list)  # per call: killed by a limit (no effect)
 
     @property
     def attempted(self) -> bool:
@@ -178,9 +179,10 @@ class LocalEpisode(_Turns):
         """Parse (if text) and execute one model step."""
         parsed = self._parse(text_or_calls)
         functions = self.available()
-        observations, ok = [], []
+        observations, ok, overran = [], [], []
         for call in parsed.calls:
             answer = self.guard() if self.guard is not None else None
+            overran.append(answer is not None)
             try:
                 ran, observation = (False, answer) if answer else dispatch(call, functions)
             except MemoryError:
@@ -190,7 +192,7 @@ class LocalEpisode(_Turns):
             observations.append(observation)
             ok.append(ran)
         observations += [f"Error: could not parse tool call: {e}" for e in parsed.errors]
-        return Step(parsed.calls, observations, ok, parsed.errors)
+        return Step(parsed.calls, observations, ok, parsed.errors, overran)
 
     def state(self) -> dict[str, dict]:
         """Public state of every involved instance (live objects: copy before keeping)."""
@@ -231,27 +233,27 @@ class Episode(_Turns):
             self._id, self.task, self._log, calls, want
         )
         self._log += [c for i, c in enumerate(calls) if i not in killed]
-        return observations, ok, extra
+        return observations, ok, extra, killed
 
     def step(self, text_or_calls: str | list[Call]) -> Step:
         """Parse (if text) and execute one model step in the worker."""
         parsed = self._parse(text_or_calls)
         functions = self.available()
         runnable = [c for c in parsed.calls if c.name in functions and not c.name.startswith("_")]
-        results = iter(zip(*self._run(runnable)[:2], strict=True)) if runnable else iter(())
-        observations, ok = [], []
+        observations, ok, _, killed = self._run(runnable) if runnable else ([], [], None, set())
+        results = iter(zip(observations, ok, [i in killed for i in range(len(ok))], strict=True))
+        step = Step(parsed.calls, [], [], parsed.errors)
         for call in parsed.calls:
             if call.name in functions and not call.name.startswith("_"):
-                observation, ran = next(results)
+                observation, ran, overran = next(results)
             else:  # the same refusal as dispatch gives, without a round trip
-                ran, observation = (
-                    False,
-                    f"Error during execution: function {call.name!r} is not available",
-                )
-            observations.append(observation)
-            ok.append(ran)
-        observations += [f"Error: could not parse tool call: {e}" for e in parsed.errors]
-        return Step(parsed.calls, observations, ok, parsed.errors)
+                observation = f"Error during execution: function {call.name!r} is not available"
+                ran, overran = False, False
+            step.observations.append(observation)
+            step.ok.append(ran)
+            step.overran.append(overran)
+        step.observations += [f"Error: could not parse tool call: {e}" for e in parsed.errors]
+        return step
 
     def state(self) -> dict[str, dict]:
         """Public state of every involved instance (a copy from the worker)."""
