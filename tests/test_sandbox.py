@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rcgrpo.bfcl.checkers import ground_truth_calls, score
-from rcgrpo.bfcl.environment import Episode
+from rcgrpo.bfcl.environment import STEP_ENDED, Episode
 from rcgrpo.bfcl.sandbox import EnvConfig, Sandbox, configured
 from rcgrpo.bfcl.tasks import get_task
 
@@ -126,6 +126,17 @@ def test_the_issue_reproductions_time_out_and_state_survives(sandbox):
         assert time.monotonic() - start < LIMIT + SLACK
     assert sandbox.restarts == restarts + 2  # killed and replaced twice
     assert episode.step("add(a=2, b=3)").observations == ['{"result": 5}']
+
+
+def test_one_overrun_ends_the_step_so_a_message_of_hostile_calls_costs_one_limit(sandbox):
+    episode = Episode(get_task(MATH), sandbox=sandbox)
+    episode.begin_turn()
+    start = time.monotonic()
+    step = episode.step("[" + ", ".join([POWER] * 10 + ["add(a=1, b=1)"]) + "]")
+    assert time.monotonic() - start < LIMIT + SLACK
+    assert step.observations[0] == "Error during execution: timed out after 1s"
+    assert set(step.observations[1:]) == {STEP_ENDED} and step.overran == [True] * 11
+    assert episode.step("add(a=2, b=2)").observations == ['{"result": 4}']
 
 
 def test_memory_limit_gives_out_of_memory_and_keeps_the_state():

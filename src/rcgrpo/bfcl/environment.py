@@ -31,6 +31,7 @@ from rcgrpo.bfcl.executor import Call, Parsed, dispatch, parse_calls
 from rcgrpo.bfcl.tasks import REVEAL_MESSAGE, Task
 
 STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT
+STEP_ENDED = "Error during execution: not run (an earlier call of this step overran its limit)"
 
 
 @functools.cache
@@ -182,6 +183,8 @@ class LocalEpisode(_Turns):
         observations, ok, overran = [], [], []
         for call in parsed.calls:
             answer = self.guard() if self.guard is not None else None
+            if any(overran) and answer is None:  # one overrun ends the step: a message of 64
+                answer = STEP_ENDED  # hostile calls must not cost 64 limits
             overran.append(answer is not None)
             try:
                 ran, observation = (False, answer) if answer else dispatch(call, functions)
@@ -229,19 +232,19 @@ class Episode(_Turns):
 
     def _run(self, calls: list[Call], want: str | None = None):
         sandbox = self.sandbox
-        observations, ok, extra, killed = sandbox.run_step(
+        observations, ok, extra, overran = sandbox.run_step(
             self._id, self.task, self._log, calls, want
         )
-        self._log += [c for i, c in enumerate(calls) if i not in killed]
-        return observations, ok, extra, killed
+        self._log += [c for c, o in zip(calls, overran, strict=True) if not o]
+        return observations, ok, extra, overran
 
     def step(self, text_or_calls: str | list[Call]) -> Step:
         """Parse (if text) and execute one model step in the worker."""
         parsed = self._parse(text_or_calls)
         functions = self.available()
         runnable = [c for c in parsed.calls if c.name in functions and not c.name.startswith("_")]
-        observations, ok, _, killed = self._run(runnable) if runnable else ([], [], None, set())
-        results = iter(zip(observations, ok, [i in killed for i in range(len(ok))], strict=True))
+        observations, ok, _, overran = self._run(runnable) if runnable else ([], [], None, [])
+        results = iter(zip(observations, ok, overran, strict=True))
         step = Step(parsed.calls, [], [], parsed.errors)
         for call in parsed.calls:
             if call.name in functions and not call.name.startswith("_"):

@@ -126,7 +126,7 @@ def _serve(conn_in: Connection, conn_out: Connection) -> None:
                 extra = episode.state()
             elif want == "instances":
                 extra = episode.instances
-            reply = (step.observations, step.ok, extra)
+            reply = (step.observations, step.ok, extra, step.overran)
         elif op == "score":  # several trajectories, model calls numbered across all of them
             items, protocol, paper_too, skip = args
             guard = _model_guard(skip)
@@ -286,7 +286,7 @@ class Sandbox:
                 except _Killed as killed:
                     self._proc = None
                     self.restarts += 1
-                    if killed.index == TRUSTED:
+                    if killed.index == TRUSTED and not killed.why.startswith("the tool process"):
                         raise SandboxError(f"{where}: a trusted call {killed.why}") from None
                     if killed.index >= 0:
                         skip[killed.index] = f"Error during execution: {killed.why}"
@@ -310,16 +310,16 @@ class Sandbox:
         self._live.discard(eid)
 
     def run_step(self, eid: int, task, log: list, calls: list, want: str | None = None):
-        """Execute `calls` in episode `eid`; returns (observations, ok, extra, indices of the
-        calls a killed worker never finished: they are not part of the state)."""
+        """Execute `calls` in episode `eid`; returns (observations, ok, extra, overran: per call,
+        True for a call that was killed or not run; those are not part of the state)."""
 
         def make_args(skip):
             replay = None if eid in self._live else list(log)
             return id(task), eid, replay, calls, dict(skip), want
 
-        (observations, ok, extra), killed = self.request("episode", [task], make_args)
+        (observations, ok, extra, overran), _ = self.request("episode", [task], make_args)
         self._live.add(eid)
-        return observations, ok, extra, killed
+        return observations, ok, extra, overran
 
 
 _ALL: weakref.WeakSet[Sandbox] = weakref.WeakSet()
