@@ -1,10 +1,15 @@
 """One BFCL multi-turn episode: fresh API instances, turn bookkeeping, and safe execution.
 
-An `Episode` owns fresh instances of the task's involved API classes, imported from bfcl-eval
+An episode owns fresh instances of the task's involved API classes, imported from bfcl-eval
 (never copied) and loaded with the task's `initial_config` (`long_context=True` for the
 long_context category), so state carries across turns and nothing is shared between episodes:
 thousands of episodes can live at once, in several threads. There is no module-level mutable
 state; the only memo is the per-class list of public method names.
+
+`Episode` (what everything outside the sandbox uses) keeps its instances in a sandbox worker
+process (rcgrpo.bfcl.sandbox), where each call runs under a wall-clock and a memory limit;
+`LocalEpisode` holds them in this process and is what that worker (and the checkers' replay in
+it) runs.
 
 In miss_func tasks a held-out function is unavailable (not in the tool docs, and a call to it is
 an error observation) until the turn that reveals it; that turn's user message is BFCL's
