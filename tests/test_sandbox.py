@@ -203,8 +203,17 @@ def test_scoring_a_trajectory_with_a_hostile_call_does_not_hang(sandbox):
     assert paper.passed and bfcl.passed  # the overrun changed nothing; the replay went on
 
 
-def test_limits_come_from_params_yaml():
-    assert configured() == EnvConfig()  # params.yaml env: holds the dataclass defaults
+def test_limits_come_from_params_yaml_and_bad_values_are_refused():
+    import yaml
+
+    from rcgrpo.config import ConfigError, load_section, params_path
+
+    section = yaml.safe_load(params_path().read_text())["env"]
+    assert configured() == EnvConfig(**section)
+    with pytest.raises(ConfigError, match="env: tool_timeout_s must be > 0"):
+        load_section("env", EnvConfig, overrides={"tool_timeout_s": 0})
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_section("env", EnvConfig, overrides={"timeout": 1})
 
 
 @pytest.mark.slow
