@@ -19,7 +19,7 @@ import pytest
 
 from rcgrpo.bfcl.checkers import ground_truth_calls, score
 from rcgrpo.bfcl.environment import STEP_ENDED, Episode
-from rcgrpo.bfcl.sandbox import EnvConfig, Sandbox, configured
+from rcgrpo.bfcl.sandbox import EnvConfig, Sandbox, SandboxError, configured
 from rcgrpo.bfcl.tasks import get_task
 
 LIMIT = 1.0
@@ -201,6 +201,15 @@ def test_scoring_a_trajectory_with_a_hostile_call_does_not_hang(sandbox):
     paper, bfcl = score(task, calls, sandbox=sandbox)
     assert time.monotonic() - start < LIMIT + SLACK
     assert paper.passed and bfcl.passed  # the overrun changed nothing; the replay went on
+
+
+def test_a_failure_of_our_own_code_in_the_worker_is_raised_and_the_worker_survives(sandbox):
+    task = get_task(MATH)
+    pid = sandbox.pid()
+    with pytest.raises(SandboxError, match="TypeError"):
+        score(task, [[[12345]]], sandbox=sandbox)  # not a call string
+    assert sandbox.pid() == pid
+    assert score(task, ground_truth_calls(task), sandbox=sandbox)[0].passed
 
 
 def test_limits_come_from_params_yaml_and_bad_values_are_refused():

@@ -112,31 +112,34 @@ def _serve(conn_in: Connection, conn_out: Connection) -> None:
         for eid in drops:
             episodes.pop(eid, None)
         tasks.update(new_tasks)
-        if op == "episode":
-            task_key, eid, replay, calls, skip, want = args
-            if replay is not None:  # (re)build from the initial config + earlier calls
-                episode = episodes[eid] = LocalEpisode(tasks[task_key], hide_missed=False)
-                episode.guard = _trusted_guard
-                episode.step(replay)
-            episode = episodes[eid]
-            episode.guard = _model_guard(skip)
-            step = episode.step(calls)
-            extra = None
-            if want == "state":
-                extra = episode.state()
-            elif want == "instances":
-                extra = episode.instances
-            reply = (step.observations, step.ok, extra, step.overran)
-        elif op == "score":  # several trajectories, model calls numbered across all of them
-            items, protocol, paper_too, skip = args
-            guard = _model_guard(skip)
-            reply = [
-                checkers.replay_here(tasks[key], calls, protocol, paper_too, guard=guard)
-                for key, calls in items
-            ]
-        else:  # "clear": forget the ground-truth memo (bench/executor.py, cold)
-            checkers.ground_truth_run.cache_clear()
-            reply = None
+        try:
+            if op == "episode":
+                task_key, eid, replay, calls, skip, want = args
+                if replay is not None:  # (re)build from the initial config + earlier calls
+                    episode = episodes[eid] = LocalEpisode(tasks[task_key], hide_missed=False)
+                    episode.guard = _trusted_guard
+                    episode.step(replay)
+                episode = episodes[eid]
+                episode.guard = _model_guard(skip)
+                step = episode.step(calls)
+                extra = None
+                if want == "state":
+                    extra = episode.state()
+                elif want == "instances":
+                    extra = episode.instances
+                reply = (step.observations, step.ok, extra, step.overran)
+            elif op == "score":  # several trajectories, model calls numbered across all of them
+                items, protocol, paper_too, skip = args
+                guard = _model_guard(skip)
+                reply = [
+                    checkers.replay_here(tasks[key], calls, protocol, paper_too, guard=guard)
+                    for key, calls in items
+                ]
+            else:  # "clear": forget the ground-truth memo (bench/executor.py, cold)
+                checkers.ground_truth_run.cache_clear()
+                reply = None
+        except Exception as e:  # our own code failed (not a tool: tools answer in-band)
+            reply = _Failure(f"{type(e).__name__}: {e}")
         mark(IDLE)
         conn_out.send(reply)
         if new_tasks:  # tasks and their ground-truth memo live as long as the worker: keep the
@@ -159,6 +162,13 @@ def worker_main() -> None:
 
 
 # -- parent side ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Failure:
+    """A request the worker could not serve (sent back instead of dying)."""
+
+    message: str
+
+
 class _Killed(Exception):
     def __init__(self, index: int, why: str):
         super().__init__(why)
@@ -292,6 +302,9 @@ class Sandbox:
                         skip[killed.index] = f"Error during execution: {killed.why}"
                     continue  # IDLE: died between calls; resend as it was
                 self._drops.clear()
+                if isinstance(reply, _Failure):
+                    self._tasks.update(new)
+                    raise SandboxError(f"{where}: {reply.message}")
                 self._tasks.update(new)
                 self._keep.update(new)
                 return reply, set(skip)
