@@ -5,6 +5,10 @@ step, a list of python-call strings (`[[["cd(folder='a')"], ["ls()"]], [], ...]`
 replay them in a fresh `Episode` with every function of the involved classes available — exactly
 as bfcl-eval's executor runs them (miss_func hiding is an interaction rule, not a scoring rule) —
 and compare against the ground truth, whose run is memoised per task (immutable snapshots).
+The replay runs in the sandbox worker (rcgrpo.bfcl.sandbox), one request per trajectory, under
+the same per-call wall-clock and memory limits as the agent loop: a call that overruns gets the
+"timed out" observation and the replay goes on, so a hostile call in a scored trajectory cannot
+hang the scorer.
 
 * `paper reward` R = R_state * R_action: the final public state of every involved instance equals
   the ground truth's; and every ground-truth call is matched one-to-one by an executed model call
@@ -29,7 +33,7 @@ import pickle
 from collections import Counter
 from dataclasses import dataclass
 
-from rcgrpo.bfcl.environment import Episode, public_state
+from rcgrpo.bfcl.environment import LocalEpisode, public_state
 from rcgrpo.bfcl.executor import Call, CallError, parse_calls
 from rcgrpo.bfcl.tasks import Task
 
@@ -97,15 +101,19 @@ def _bound(function, text: str, with_defaults: bool) -> dict | None:
     return arguments
 
 
-def _function(episode: Episode, name: str):
+def _function(episode: LocalEpisode, name: str):
     method = episode.available().get(name)
     return getattr(method, "__func__", None)
 
 
 @functools.lru_cache(maxsize=4096)
 def ground_truth_run(task: Task) -> GroundTruthRun:
-    """Execute the ground truth once per task and keep results, states and bound calls."""
-    episode = Episode(task, hide_missed=False)
+    """Execute the ground truth once per task and keep results, states and bound calls (the
+    dataset's own calls, in this process; inside the worker they are timed as trusted calls)."""
+    from rcgrpo.bfcl.sandbox import _trusted_guard
+
+    episode = LocalEpisode(task, hide_missed=False)
+    episode.guard = _trusted_guard
     results, states, calls = [], [], []
     for turn, turn_calls in enumerate(task.ground_truth):
         episode.begin_turn(turn)
@@ -125,7 +133,7 @@ def _copy(value):
     return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _state_difference(episode: Episode, expected: dict[str, dict]) -> str:
+def _state_difference(episode: LocalEpisode, expected: dict[str, dict]) -> str:
     """'' if every instance's public state equals `expected`, else which attributes differ."""
     for class_name, attrs in expected.items():
         instance = episode.instances[class_name]
@@ -164,21 +172,48 @@ def _multiset_missing(needed, have) -> list[str]:
 
 
 def score(
-    task: Task, calls: list[list[list[str]]], protocol: str = "bfcl"
+    task: Task, calls: list[list[list[str]]], protocol: str = "bfcl", sandbox=None
 ) -> tuple[Verdict, Verdict]:
     """Replay `calls` once and return (paper reward verdict, bfcl check verdict)."""
-    paper, bfcl = _replay(task, calls, protocol, paper_too=True)
+    paper, bfcl = _replay(task, calls, protocol, True, sandbox)
     assert paper is not None
     return paper, bfcl
 
 
-def _replay(
-    task: Task, calls: list[list[list[str]]], protocol: str, paper_too: bool
-) -> tuple[Verdict | None, Verdict]:
-    """The one replay behind both checkers. Without `paper_too` it stops at the first failing
-    turn, as bfcl-eval's checker does (the paper reward needs the whole trajectory)."""
+def _replay(task, calls, protocol: str, paper_too: bool, sandbox=None):
+    return _replay_many([(task, calls)], protocol, paper_too, sandbox)[0]
+
+
+def _replay_many(items, protocol: str, paper_too: bool, sandbox=None):
+    """Send the replays to the sandbox worker (one round trip), where `replay_here` runs them."""
+    from rcgrpo.bfcl import sandbox as sandboxes
+
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    sandbox = sandbox or sandboxes.default()
+    keyed = [(id(task), calls) for task, calls in items]
+    tasks = [task for task, _ in items]
+    return sandbox.request("score", tasks, lambda skip: (keyed, protocol, paper_too, skip))[0]
+
+
+def score_many(
+    items: list[tuple[Task, list[list[list[str]]]]], protocol: str = "bfcl", sandbox=None
+) -> list[tuple[Verdict, Verdict]]:
+    """`score` of several (task, calls) in one round trip to the worker (e.g. a GRPO group):
+    the per-call limits are the same; only the process switches are shared."""
+    return _replay_many(items, protocol, True, sandbox)
+
+
+def bfcl_check_many(items, protocol: str = "bfcl", sandbox=None) -> list[Verdict]:
+    return [v for _, v in _replay_many(items, protocol, False, sandbox)]
+
+
+def replay_here(
+    task: Task, calls: list[list[list[str]]], protocol: str, paper_too: bool, guard=None
+) -> tuple[Verdict | None, Verdict]:
+    """The one replay behind both checkers, in this process (the worker). Without `paper_too`
+    it stops at the first failing turn, as bfcl-eval's checker does (the paper reward needs the
+    whole trajectory). `guard` times each model call (rcgrpo.bfcl.sandbox)."""
     gt = ground_truth_run(task)
     gt_results, gt_states = list(gt.results), list(gt.states)
     gt_nonempty = [bool(t) for t in task.ground_truth]
@@ -186,7 +221,8 @@ def _replay(
         gt_results = [tuple(r for turn in gt.results for r in turn)]
         gt_states, gt_nonempty = [gt.states[-1]], [any(gt_nonempty)]
 
-    episode = Episode(task, hide_missed=False)
+    episode = LocalEpisode(task, hide_missed=False)
+    episode.guard = guard
     bfcl: Verdict | None = None
     if len(calls) != len(gt_results):
         bfcl = Verdict(
@@ -246,8 +282,10 @@ def paper_reward(task: Task, calls: list[list[list[str]]], protocol: str = "bfcl
     return score(task, calls, protocol)[0]
 
 
-def bfcl_check(task: Task, calls: list[list[list[str]]], protocol: str = "bfcl") -> Verdict:
-    return _replay(task, calls, protocol, paper_too=False)[1]
+def bfcl_check(
+    task: Task, calls: list[list[list[str]]], protocol: str = "bfcl", sandbox=None
+) -> Verdict:
+    return _replay(task, calls, protocol, False, sandbox)[1]
 
 
 def ground_truth_calls(task: Task) -> list[list[list[str]]]:
@@ -260,11 +298,20 @@ def final_state(task: Task) -> dict:
     return _copy(ground_truth_run(task).states[-1])
 
 
+def clear_worker_memo(sandbox=None) -> None:
+    """Forget the worker's ground-truth memo (bench/executor.py measures the cold case)."""
+    from rcgrpo.bfcl import sandbox as sandboxes
+
+    (sandbox or sandboxes.default()).request("clear", [], lambda skip: ())
+
+
 __all__ = [
     "Verdict",
     "score",
+    "score_many",
     "paper_reward",
     "bfcl_check",
+    "bfcl_check_many",
     "ground_truth_run",
     "ground_truth_calls",
     "final_state",

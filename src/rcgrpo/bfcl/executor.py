@@ -293,5 +293,7 @@ def dispatch(call: Call, functions: Mapping[str, Callable]) -> tuple[bool, str]:
         return False, f"Error during execution: function {call.name!r} is not available"
     try:
         return True, format_result(method(*call.args, **_with_fresh_defaults(method, call)))
+    except MemoryError:  # not the tool's answer: the caller (the sandbox worker) handles it
+        raise
     except Exception as e:  # a tool's own failure is an observation for the model
         return False, f"Error during execution: {e}"

@@ -102,7 +102,9 @@ def run(
                     "observations": step.observations,
                 }
             )
-            turn_executed.append([str(c) for c in step.calls])
+            # a call killed by a limit had no effect: scoring it would only overrun again
+            kept = [c for c, o in zip(step.calls, step.overran, strict=True) if not o]
+            turn_executed.append([str(c) for c in kept])
         out_turns.append({"user": [m["content"] for m in user], "steps": steps})
         executed.append(turn_executed)
     paper, bfcl = score(task, executed)

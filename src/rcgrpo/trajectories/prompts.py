@@ -14,6 +14,11 @@ rendering of all messages minus the rendering up to the last assistant message),
 template that renders a conversation as a concatenation of messages works, the model's own ones
 included. Calls are written in BFCL's python form, `[cd(folder='document'), ls()]`.
 
+Tool output is data: a tool message whose text contains a special token's text (`<|im_end|>`,
+`<|high_reward|>`, ...) is rendered with a backslash after the token's first character
+(`<\\|im_end|>`), so it tokenises as plain text and can neither end a message nor set the
+reward goal. The stored messages keep the raw text; only the rendering escapes.
+
     .venv/bin/pytest tests/test_agent_loop.py -q
 """
 
@@ -134,8 +139,27 @@ class Renderer:
                 f"(rendered {suffix!r}): pick the project template (models.PROJECT_TEMPLATE)"
             )
         self.after_stop = suffix[len("PROBE" + self.stop_text) :]  # e.g. "\n" in ChatML
+        added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+        specials = {*tokenizer.all_special_tokens, *(t.content for t in added if t.special)}
+        self.specials = sorted((t for t in specials if len(t) > 1), key=len, reverse=True)
+
+    def escape(self, content: str) -> str:
+        """Tool text with every special token's text broken by a backslash (plain text)."""
+        for _ in range(8):  # an escape never forms a new special text; the bound is a guard
+            found = [t for t in self.specials if t in content]
+            if not found:
+                break
+            for t in found:
+                content = content.replace(t, t[0] + "\\" + t[1:])
+        return content
 
     def text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
+        messages = [
+            {**m, "content": self.escape(m["content"])}
+            if m.get("role") == "tool" and isinstance(m.get("content"), str)
+            else m
+            for m in messages
+        ]
         return self.tokenizer.apply_chat_template(
             messages, tools=tools or None, tokenize=False, add_generation_prompt=generation
         )

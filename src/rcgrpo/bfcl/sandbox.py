@@ -1,0 +1,366 @@
+"""Tool calls run in a worker process with a wall-clock and a memory limit enforced from outside.
+
+A BFCL tool is plain Python on model-chosen literals, and some literals never return:
+`power(base=10, exponent=300000000)` computes a 10^9-bit integer inside one C call (no signal,
+no thread can interrupt it), `logarithm(value=2, base=3, precision=50000000)` asks mpmath for
+50 M digits. So every call runs in a long-lived worker subprocess (one per thread of the parent)
+that holds the episodes' API instances:
+  * wall clock: before each call the worker writes (call index, start time) into a shared
+    8-byte-aligned memfd; the parent waits on the pipe and SIGKILLs the worker once the running
+    call is `tool_timeout_s` old (CLOCK_MONOTONIC is system-wide);
+  * memory: the worker runs under `RLIMIT_AS = tool_memory_mb`; a MemoryError ends the worker;
+  * after a kill (or any death: OOM, segfault, an outside `kill -9`) a fresh worker is started,
+    each episode is rebuilt on its next use by replaying its earlier calls (the API classes are
+    deterministic, RNGs included), and the faulty call gets the observation
+    "Error during execution: timed out after Xs" / "... out of memory (limit N MiB)"; the state
+    is that of before the call.
+Scoring (`rcgrpo.bfcl.checkers`) sends a whole trajectory in one request and replays it in the
+worker under the same per-call limit (one round trip per trajectory keeps bench/executor.py fast).
+The worker holds no parent state besides what is sent; model text reaches it only as parsed
+`Call`s. Limits: params.yaml `env:` (EnvConfig).
+
+    from rcgrpo.bfcl.sandbox import EnvConfig, Sandbox
+    sandbox = Sandbox(EnvConfig(tool_timeout_s=1.0))  # Episode(task, sandbox=sandbox)
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import gc
+import mmap
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+IDLE, TRUSTED = -2, -1  # progress marks: between requests; a replayed / ground-truth call
+_OOM = 1
+_LAYOUT = struct.Struct("<qqq")  # call index, start (monotonic ns), reason
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """params.yaml `env:` — limits of one tool call (rcgrpo.bfcl.sandbox)."""
+
+    tool_timeout_s: float = 5.0  # wall-clock limit of one tool call; the worker is killed after it
+    tool_memory_mb: int = 4096  # address-space limit of the worker process (RLIMIT_AS)
+
+    def __post_init__(self):
+        if not self.tool_timeout_s > 0 or self.tool_memory_mb < 256:
+            raise ValueError("env: tool_timeout_s must be > 0 and tool_memory_mb >= 256")
+
+
+class SandboxError(RuntimeError):
+    """A trusted call (ground truth, a replay of calls that ran before) failed in the worker."""
+
+
+# -- worker side ---------------------------------------------------------------------------------
+_progress: mmap.mmap | None = None  # set only inside a worker process
+
+
+def mark(index: int) -> None:
+    """Record that call `index` starts now (the parent's clock for the wall-clock limit)."""
+    if _progress is not None:
+        _LAYOUT.pack_into(_progress, 0, index, time.monotonic_ns(), 0)
+
+
+def out_of_memory() -> None:
+    """Called on a MemoryError inside a tool: tell the parent why, and end this worker."""
+    if _progress is not None:
+        index = _LAYOUT.unpack_from(_progress, 0)[0]
+        _LAYOUT.pack_into(_progress, 0, index, time.monotonic_ns(), _OOM)
+        os._exit(70)
+    raise MemoryError
+
+
+def _model_guard(skip: dict[int, str]):
+    """Guard for model calls: numbers them, marks each start, answers skipped ones itself."""
+    counter = iter(range(1 << 62))
+
+    def guard() -> str | None:
+        index = next(counter)
+        if index in skip:
+            return skip[index]
+        mark(index)
+        return None
+
+    return guard
+
+
+def _trusted_guard() -> None:
+    mark(TRUSTED)
+
+
+def _serve(conn_in: Connection, conn_out: Connection) -> None:
+    from rcgrpo.bfcl import checkers
+    from rcgrpo.bfcl.environment import LocalEpisode
+
+    tasks, episodes = {}, {}
+    while True:
+        try:
+            op, drops, new_tasks, *args = conn_in.recv()
+        except EOFError:
+            return
+        for eid in drops:
+            episodes.pop(eid, None)
+        tasks.update(new_tasks)
+        try:
+            if op == "episode":
+                task_key, eid, replay, calls, skip, want = args
+                if replay is not None:  # (re)build from the initial config + earlier calls
+                    episode = episodes[eid] = LocalEpisode(tasks[task_key], hide_missed=False)
+                    episode.guard = _trusted_guard
+                    episode.step(replay)
+                episode = episodes[eid]
+                episode.guard = _model_guard(skip)
+                step = episode.step(calls)
+                extra = None
+                if want == "state":
+                    extra = episode.state()
+                elif want == "instances":
+                    extra = episode.instances
+                reply = (step.observations, step.ok, extra, step.overran)
+            elif op == "score":  # several trajectories, model calls numbered across all of them
+                items, protocol, paper_too, skip = args
+                guard = _model_guard(skip)
+                reply = [
+                    checkers.replay_here(tasks[key], calls, protocol, paper_too, guard=guard)
+                    for key, calls in items
+                ]
+            else:  # "clear": forget the ground-truth memo (bench/executor.py, cold)
+                checkers.ground_truth_run.cache_clear()
+                reply = None
+        except Exception as e:  # our own code failed (not a tool: tools answer in-band)
+            reply = _Failure(f"{type(e).__name__}: {e}")
+        mark(IDLE)
+        conn_out.send(reply)
+        if new_tasks:  # tasks and their ground-truth memo live as long as the worker: keep the
+            gc.freeze()  # cyclic GC from walking them again (worker CPU per replay -25%)
+
+
+def worker_main() -> None:
+    """Entry point of the worker process (argv: in fd, out fd, progress fd, memory MiB)."""
+    global _progress
+    import ctypes
+    import resource
+
+    fd_in, fd_out, fd_progress, memory_mb = (int(a) for a in sys.argv[1:5])
+    with contextlib.suppress(OSError, AttributeError):  # die with the parent thread that
+        ctypes.CDLL(None).prctl(1, 9)  # started us (Linux PR_SET_PDEATHSIG = 1, SIGKILL)
+    _progress = mmap.mmap(fd_progress, _LAYOUT.size)
+    limit = memory_mb * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    _serve(Connection(fd_in, writable=False), Connection(fd_out, readable=False))
+
+
+# -- parent side ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Failure:
+    """A request the worker could not serve (sent back instead of dying)."""
+
+    message: str
+
+
+class _Killed(Exception):
+    def __init__(self, index: int, why: str):
+        super().__init__(why)
+        self.index, self.why = index, why
+
+
+class Sandbox:
+    """One worker process and the bookkeeping to rebuild it; thread-safe (one request at a time).
+
+    Episodes register here; each keeps its own log of executed calls, which a new worker replays.
+    """
+
+    def __init__(self, config: EnvConfig | None = None):
+        self.config = config or EnvConfig()
+        self._lock = threading.RLock()
+        self._proc: subprocess.Popen | None = None
+        self._live: set[int] = set()  # episodes present in the current worker
+        self._tasks: dict[int, object] = {}  # id(task) -> task, sent to the current worker
+        self._keep: dict[int, object] = {}  # strong refs so a task id is never reused
+        self._drops: list[int] = []
+        self._next_id = 0
+        self.restarts = 0  # workers replaced after a kill or a death
+        self._owner = os.getpid()
+        _ALL.add(self)
+
+    # -- process ---------------------------------------------------------------------------------
+    def _start(self) -> None:
+        to_worker, from_parent = os.pipe()[::-1]
+        from_worker, to_parent = os.pipe()
+        progress_fd = os.memfd_create("rcgrpo-tool-progress")
+        os.ftruncate(progress_fd, _LAYOUT.size)
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        code = "from rcgrpo.bfcl.sandbox import worker_main; worker_main()"
+        fds = (from_parent, to_parent, progress_fd)
+        args = [str(fd) for fd in fds] + [str(self.config.tool_memory_mb)]
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args], pass_fds=fds, env=env, stdin=subprocess.DEVNULL
+        )
+        os.close(from_parent)
+        os.close(to_parent)
+        self._progress = mmap.mmap(progress_fd, _LAYOUT.size)
+        os.close(progress_fd)
+        _LAYOUT.pack_into(self._progress, 0, IDLE, time.monotonic_ns(), 0)
+        self._out = Connection(to_worker, readable=False)
+        self._in = Connection(from_worker, writable=False)
+        self._live.clear()
+        self._tasks.clear()
+        self._drops.clear()
+
+    def _stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()  # SIGKILL: a tool stuck in C code ignores everything else
+        if self._proc is not None:
+            self._proc.wait()
+            self._out.close()
+            self._in.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._owner == os.getpid():  # never the worker of the process we forked from
+                self._stop()
+            self._proc = None
+
+    def pid(self) -> int | None:
+        """The worker's pid (None before the first request)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def _wait(self, sent_at: int):
+        """The worker's reply, or _Killed once the running call overruns or the worker dies."""
+        limit_ns = int(self.config.tool_timeout_s * 1e9)
+        while True:
+            index, started, _ = _LAYOUT.unpack_from(self._progress, 0)
+            left = (max(started, sent_at) + limit_ns - time.monotonic_ns()) / 1e9
+            if index != IDLE and left <= 0:
+                self._stop()
+                why = f"timed out after {self.config.tool_timeout_s:g}s"
+                raise _Killed(index, why)
+            if self._in.poll(max(left, 0.001) if index != IDLE else 0.05):
+                try:
+                    return self._in.recv()
+                except (EOFError, OSError):
+                    return self._died()
+            if self._proc.poll() is not None:
+                return self._died()
+
+    def _died(self):
+        index, _, reason = _LAYOUT.unpack_from(self._progress, 0)
+        code = self._proc.wait()
+        self._stop()
+        if reason == _OOM:
+            why = f"out of memory (limit {self.config.tool_memory_mb} MiB)"
+        else:
+            why = f"the tool process died (exit status {code})"
+        raise _Killed(index, why)
+
+    def request(self, op: str, tasks: list, make_args, retries: int = 3):
+        """Send one request; on a kill, restart the worker and resend with the call skipped.
+        Returns (reply, indices of the skipped calls).
+
+        `tasks` are those the arguments name by `id(task)` (sent once per worker); make_args(skip)
+        builds the op's arguments (episodes rebuild themselves when not live); skip maps a
+        model-call index to its error observation.
+        """
+        where = ", ".join(dict.fromkeys(t.id for t in tasks)) or op
+        with self._lock:
+            if self._owner != os.getpid():  # a forked child: the worker is the parent's
+                self._proc, self._owner = None, os.getpid()
+            skip: dict[int, str] = {}
+            for _ in range(64 + retries):
+                if self._proc is None or self._proc.poll() is not None:
+                    self._start()
+                new = {id(t): t for t in tasks if id(t) not in self._tasks}
+                message = (op, self._drops[:], new, *make_args(skip))
+                try:
+                    sent_at = time.monotonic_ns()
+                    self._out.send(message)
+                    reply = self._wait(sent_at)
+                except (BrokenPipeError, OSError):  # died while idle (an outside kill)
+                    self._stop()
+                    self._proc = None
+                    self.restarts += 1
+                    continue
+                except _Killed as killed:
+                    self._proc = None
+                    self.restarts += 1
+                    if killed.index == TRUSTED and not killed.why.startswith("the tool process"):
+                        raise SandboxError(f"{where}: a trusted call {killed.why}") from None
+                    if killed.index >= 0:
+                        skip[killed.index] = f"Error during execution: {killed.why}"
+                    continue  # IDLE: died between calls; resend as it was
+                self._drops.clear()
+                if isinstance(reply, _Failure):
+                    self._tasks.update(new)
+                    raise SandboxError(f"{where}: {reply.message}")
+                self._tasks.update(new)
+                self._keep.update(new)
+                return reply, set(skip)
+            raise SandboxError(f"{where}: the tool worker keeps failing")
+
+    # -- episodes --------------------------------------------------------------------------------
+    def register(self, episode) -> int:
+        with self._lock:
+            self._next_id += 1
+            eid = self._next_id
+        weakref.finalize(episode, self._forget, eid)
+        return eid
+
+    def _forget(self, eid: int) -> None:
+        self._drops.append(eid)
+        self._live.discard(eid)
+
+    def run_step(self, eid: int, task, log: list, calls: list, want: str | None = None):
+        """Execute `calls` in episode `eid`; returns (observations, ok, extra, overran: per call,
+        True for a call that was killed or not run; those are not part of the state)."""
+
+        def make_args(skip):
+            replay = None if eid in self._live else list(log)
+            return id(task), eid, replay, calls, dict(skip), want
+
+        (observations, ok, extra, overran), _ = self.request("episode", [task], make_args)
+        self._live.add(eid)
+        return observations, ok, extra, overran
+
+
+_ALL: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+_local = threading.local()
+
+
+@atexit.register
+def _close_all() -> None:
+    for sandbox in list(_ALL):
+        sandbox.close()
+
+
+@functools.cache
+def configured() -> EnvConfig:
+    """params.yaml `env:` of the checkout (the dataclass defaults where there is none)."""
+    from rcgrpo.config import ConfigError, load_section
+
+    try:
+        return load_section("env", EnvConfig)
+    except ConfigError as e:
+        if "not found" in str(e):
+            return EnvConfig()
+        raise
+
+
+def default() -> Sandbox:
+    """This thread's sandbox (one worker per thread, so threads never wait on each other)."""
+    sandbox = getattr(_local, "sandbox", None)
+    if sandbox is None:
+        sandbox = _local.sandbox = Sandbox(configured())
+    return sandbox

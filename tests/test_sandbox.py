@@ -1,0 +1,246 @@
+"""Tool calls under wall-clock and memory limits (issue 12, point 1): the worker is killed and
+replaced, the model gets "timed out" / "out of memory", the episode goes on with its state.
+
+    .venv/bin/pytest tests/test_sandbox.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rcgrpo.bfcl.checkers import ground_truth_calls, score
+from rcgrpo.bfcl.environment import STEP_ENDED, Episode
+from rcgrpo.bfcl.sandbox import EnvConfig, Sandbox, SandboxError, configured
+from rcgrpo.bfcl.tasks import get_task
+
+LIMIT = 1.0
+SLACK = 3.0  # kill + restart of a worker + replay on a loaded 2-core box
+X = "x" * 30_000  # the longest literal the parser lets through is ~32k characters
+POWER = "power(base=10, exponent=300000000)"  # the issue's reproductions
+LOG = "logarithm(value=2, base=3, precision=50000000)"
+
+# (task, calls that set state up, hostile call, a normal call that must work afterwards)
+MATH, FS, MSG = "multi_turn_base_15", "multi_turn_base_0", "multi_turn_base_14"
+TW = FS  # multi_turn_base_0: GorillaFileSystem + TwitterAPI
+TICKET, TRADE, TRAVEL, CAR = (
+    "multi_turn_base_2",
+    "multi_turn_base_100",
+    "multi_turn_base_150",
+    "multi_turn_base_50",
+)
+TW_LOGIN = "authenticate_twitter(username='analyst_pro', password='Kj8#mP9$vL2')"
+CORPUS = [
+    (MATH, ["add(a=1, b=2)"], POWER, "add(a=2, b=2)"),
+    (MATH, ["add(a=1, b=2)"], LOG, "add(a=2, b=2)"),
+    (MATH, [], "power(base=7, exponent=12345678901)", "add(a=2, b=2)"),
+    (MATH, [], "square_root(number=2, precision=100000000)", "add(a=2, b=2)"),
+    (MATH, [], "round_number(number=1.5, decimal_places=1000000000000000000)", "add(a=2, b=2)"),
+    (MATH, [], "standard_deviation(numbers=[1e308, -1e308, 1e308])", "add(a=2, b=2)"),
+    (MATH, [], f"mean(numbers={[1e308] * 3000})", "add(a=2, b=2)"),
+    (FS, ["mkdir(dir_name='kept')"], "cp(source='document', destination='document')", "pwd()"),
+    (FS, ["mkdir(dir_name='kept')"], f"echo(content='{X}', file_name='big.txt')", "ls()"),
+    (FS, [], "cd(folder='" + "../" * 9000 + "')", "pwd()"),
+    (FS, [], "tail(file_name='final_report.pdf', lines=1000000000000000000)", "pwd()"),
+    (FS, [], f"grep(file_name='final_report.pdf', pattern='{X}')", "pwd()"),
+    (FS, [], f"find(path='.', name='{X}')", "pwd()"),
+    (MSG, [], f"send_message(receiver_id='USR002', message='{X}')", "list_users()"),
+    (MSG, [], f"add_contact(user_name='{X}')", "list_users()"),
+    (TW, [TW_LOGIN], f"post_tweet(content='{X}', tags={['#t'] * 1500})", "posting_get_login_status()"),
+    (TW, [TW_LOGIN], f"mention(tweet_id=0, mentioned_usernames={['@a'] * 3000})", "posting_get_login_status()"),
+    (TICKET, [], f"create_ticket(title='{X}', description='d', priority={10**300})", "ticket_get_login_status()"),
+    (TICKET, [], f"edit_ticket(ticket_id=-1, updates={{'priority': {10**300}}})", "ticket_get_login_status()"),
+    (TRADE, [], f"place_order(order_type='Buy', symbol='AAPL', price=1e308, amount={'9' * 3000})", "get_current_time()"),
+    (TRADE, [], "fund_account(amount=1e308)", "get_current_time()"),
+    (TRADE, [], f"notify_price_change(stocks={['AAPL'] * 3000}, threshold=-1e308)", "get_current_time()"),
+    (TRAVEL, [], "compute_exchange_rate(base_currency='USD', target_currency='EUR', value=1e308)", "list_all_airports()"),
+    (TRAVEL, [], f"get_nearest_airport_by_city(location='{X}')", "list_all_airports()"),
+    (CAR, [], "fillFuelTank(fuelAmount=1e308)", "get_current_speed()"),
+    (CAR, [], f"display_log(messages={['x'] * 3000})", "get_current_speed()"),
+    (CAR, [], "setCruiseControl(speed=1e308, activate=True, distanceToNextVehicle=-1e308)", "get_current_speed()"),
+]  # fmt: skip
+CLASSES = {"GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot",
+           "TravelAPI", "VehicleControlAPI"}  # fmt: skip
+KILLED = ("Error during execution: timed out after", "Error during execution: out of memory")
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    box = Sandbox(EnvConfig(tool_timeout_s=LIMIT, tool_memory_mb=1536))
+    yield box
+    box.close()
+
+
+def test_corpus_covers_every_api_class():
+    covered = set()
+    for task_id, _, hostile, _ in CORPUS:
+        name = hostile.split("(")[0]
+        covered |= {c for c in get_task(task_id).involved_classes if name in _methods(c)}
+    assert len(CORPUS) >= 20 and covered == CLASSES
+
+
+def _methods(class_name: str) -> set[str]:
+    import importlib
+
+    from rcgrpo.bfcl.environment import _backend, _public_method_names
+
+    cls = getattr(importlib.import_module(_backend()[0][class_name]), class_name)
+    return set(_public_method_names(cls))
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[c[2][:40] for c in CORPUS])
+def test_hostile_call_returns_within_the_limit_and_the_episode_goes_on(sandbox, case):
+    task_id, setup, hostile, normal = case
+    episode = Episode(get_task(task_id), sandbox=sandbox)
+    episode.begin_turn()
+    for call in setup:
+        assert episode.step(call).ok == [True], call
+    before = episode.state()
+    start = time.monotonic()
+    step = episode.step(hostile)
+    assert time.monotonic() - start < LIMIT + SLACK
+    assert len(step.observations) == 1
+    if step.observations[0].startswith(KILLED):
+        assert episode.state() == before  # the overrun call left no trace
+    after = episode.step(normal)
+    assert after.ok == [True] and not after.observations[0].startswith("Error")
+
+
+def test_the_issue_reproductions_time_out_and_state_survives(sandbox):
+    episode = Episode(get_task(MATH), sandbox=sandbox)
+    episode.begin_turn()
+    restarts = sandbox.restarts
+    for hostile in (POWER, LOG):
+        start = time.monotonic()
+        step = episode.step(hostile)
+        assert step.observations == ["Error during execution: timed out after 1s"]
+        assert step.overran == [True] and step.ok == [False]
+        assert time.monotonic() - start < LIMIT + SLACK
+    assert sandbox.restarts == restarts + 2  # killed and replaced twice
+    assert episode.step("add(a=2, b=3)").observations == ['{"result": 5}']
+
+
+def test_one_overrun_ends_the_step_so_a_message_of_hostile_calls_costs_one_limit(sandbox):
+    episode = Episode(get_task(MATH), sandbox=sandbox)
+    episode.begin_turn()
+    start = time.monotonic()
+    step = episode.step("[" + ", ".join([POWER] * 10 + ["add(a=1, b=1)"]) + "]")
+    assert time.monotonic() - start < LIMIT + SLACK
+    assert step.observations[0] == "Error during execution: timed out after 1s"
+    assert set(step.observations[1:]) == {STEP_ENDED} and step.overran == [True] * 11
+    assert episode.step("add(a=2, b=2)").observations == ['{"result": 4}']
+
+
+def test_memory_limit_gives_out_of_memory_and_keeps_the_state():
+    box = Sandbox(EnvConfig(tool_timeout_s=20.0, tool_memory_mb=1024))
+    try:
+        episode = Episode(get_task(FS), sandbox=box)
+        episode.begin_turn()
+        episode.step("mkdir(dir_name='kept')")
+        # (the call is not in the FS task; a Math task's episode shares the worker)
+        math = Episode(get_task(MATH), sandbox=box)
+        math.begin_turn()
+        start = time.monotonic()
+        step = math.step("square_root(number=2, precision=10000000000)")  # 10^10 digits
+        assert step.observations == ["Error during execution: out of memory (limit 1024 MiB)"]
+        assert time.monotonic() - start < 10
+        assert "kept" in episode.step("ls()").observations[0]  # other episode rebuilt by replay
+    finally:
+        box.close()
+
+
+def test_kill_9_of_the_worker_between_calls_is_invisible_to_the_episode(sandbox):
+    episode = Episode(get_task(FS), sandbox=sandbox)
+    episode.begin_turn()
+    episode.step("cd(folder='document')")
+    episode.step("mkdir(dir_name='temp')")
+    os.kill(sandbox.pid(), signal.SIGKILL)
+    time.sleep(0.2)
+    assert episode.step("pwd()").observations == [
+        '{"current_working_directory": "/workspace/document"}'
+    ]
+    assert "temp" in episode.step("ls()").observations[0]
+
+
+def test_kill_9_during_a_call_fails_that_call_only():
+    box = Sandbox(EnvConfig(tool_timeout_s=30.0))
+    try:
+        episode = Episode(get_task(MATH), sandbox=box)
+        episode.begin_turn()
+        episode.step("add(a=1, b=1)")
+        pid = box.pid()
+        killer = threading.Timer(0.5, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        start = time.monotonic()
+        step = episode.step(POWER)
+        killer.join()
+        assert time.monotonic() - start < 10
+        assert step.observations == [
+            "Error during execution: the tool process died (exit status -9)"
+        ]
+        assert box.pid() != pid
+        assert episode.step("add(a=2, b=2)").observations == ['{"result": 4}']
+    finally:
+        box.close()
+
+
+def test_scoring_a_trajectory_with_a_hostile_call_does_not_hang(sandbox):
+    task = get_task(MATH)
+    calls = ground_truth_calls(task)
+    first = next(i for i, t in enumerate(calls) if t)
+    calls[first] = [[POWER], *calls[first]]  # a hostile step before the right calls
+    start = time.monotonic()
+    paper, bfcl = score(task, calls, sandbox=sandbox)
+    assert time.monotonic() - start < LIMIT + SLACK
+    assert paper.passed and bfcl.passed  # the overrun changed nothing; the replay went on
+
+
+def test_a_failure_of_our_own_code_in_the_worker_is_raised_and_the_worker_survives(sandbox):
+    task = get_task(MATH)
+    pid = sandbox.pid()
+    with pytest.raises(SandboxError, match="TypeError"):
+        score(task, [[[12345]]], sandbox=sandbox)  # not a call string
+    assert sandbox.pid() == pid
+    assert score(task, ground_truth_calls(task), sandbox=sandbox)[0].passed
+
+
+def test_limits_come_from_params_yaml_and_bad_values_are_refused():
+    import yaml
+
+    from rcgrpo.config import ConfigError, load_section, params_path
+
+    section = yaml.safe_load(params_path().read_text())["env"]
+    assert configured() == EnvConfig(**section)
+    with pytest.raises(ConfigError, match="env: tool_timeout_s must be > 0"):
+        load_section("env", EnvConfig, overrides={"tool_timeout_s": 0})
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_section("env", EnvConfig, overrides={"timeout": 1})
+
+
+@pytest.mark.slow
+def test_env_run_cli_returns_on_the_issue_reproductions(tmp_path: Path):
+    calls = tmp_path / "calls.json"
+    calls.write_text(json.dumps([[POWER, LOG, "add(a=1, b=2)"]]))
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "rcgrpo.cli", "env", "run", MATH, "--calls", str(calls)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert out.returncode == 0, out.stderr[-2000:]
+    steps = json.loads(out.stdout)["turns"][0]["steps"]
+    timeout = configured().tool_timeout_s
+    assert [s["observations"] for s in steps] == [
+        [f"Error during execution: timed out after {timeout:g}s"],
+        [f"Error during execution: timed out after {timeout:g}s"],
+        ['{"result": 3}'],
+    ]
+    assert elapsed < 2 * timeout + 30  # 2 overruns; the scoring leaves killed calls out
