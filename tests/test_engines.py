@@ -7,8 +7,6 @@ own venv on first use: scripts/vllm_venv.sh).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -223,13 +221,14 @@ def lora_policy():
 
 @pytest.fixture(scope="module")
 def vllm_engine(lora_policy):
+    from rcgrpo.engines.vllm_server import group_alive
+
     cfg = RolloutConfig(**{**VLLM_CFG.__dict__, "engine": "vllm", "vllm_max_lora_rank": 8})
     engine = make_engine(cfg, lora_policy)
     yield engine
     pgid = engine.server.proc.pid
     engine.close()
-    with pytest.raises(ProcessLookupError):  # the whole process group is gone: no orphans
-        os.killpg(pgid, 0)
+    assert group_alive(pgid) == []  # the whole process group is gone: no orphans
 
 
 def _greedy_hf(policy, tasks):
@@ -287,3 +286,31 @@ def test_vllm_adapter_update_changes_the_served_policy(lora_policy, vllm_engine,
     assert vllm_engine.model_name == f"policy-v{version + 1}"
     assert [r.ids for r in after] != [r.ids for r in before]
     assert [r.ids for r in after] == [r.ids for r in _greedy_hf(lora_policy, tasks[:4])]
+
+
+@pytest.mark.slow
+def test_vllm_full_finetune_syncs_in_place(policy, tasks):
+    """The tiny profile's default (full fine-tune): sync saves the weights over the served folder
+    and the server reloads them (/collective_rpc reload_weights), same process, new outputs equal
+    to the HF engine's on the new weights."""
+    import copy
+
+    full = copy.deepcopy(policy)
+    engine = make_engine(RolloutConfig(**{**VLLM_CFG.__dict__, "engine": "vllm"}), full)
+    try:
+        before = engine.rollout(tasks[:2], HIGH, seed=0)
+        assert [r.ids for r in before] == [
+            r.ids for r in make_engine(VLLM_CFG, full).rollout(tasks[:2], HIGH, seed=0)
+        ]
+        pid = engine.server.proc.pid
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in full.model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+        engine.sync(full)
+        after = engine.rollout(tasks[:2], HIGH, seed=0)
+        assert engine.server.proc.pid == pid and [r.ids for r in after] != [r.ids for r in before]
+        hf = make_engine(VLLM_CFG, full).rollout(tasks[:2], HIGH, seed=0)
+        assert [r.ids for r in after] == [r.ids for r in hf]
+    finally:
+        engine.close()

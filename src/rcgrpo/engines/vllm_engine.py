@@ -113,7 +113,7 @@ class VLLMEngine(Engine):
 
         t0 = time.perf_counter()
         self.policy = policy
-        if not torch.equal(reward_rows(policy), self.served_rows):
+        if policy.is_lora and not torch.equal(reward_rows(policy), self.served_rows):
             warnings.warn(
                 "vLLM sync: the reward-token rows moved (they cannot travel in a LoRA adapter); "
                 "re-exporting the base and restarting the server",

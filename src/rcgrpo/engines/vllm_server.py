@@ -161,3 +161,19 @@ class VLLMServer:
         # children that outlived the leader (the engine core) are still in its group
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def group_alive(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes of process group pgid, read from /proc."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            alive.append(int(stat.parent.name))
+    return alive
