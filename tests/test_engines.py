@@ -289,10 +289,9 @@ def test_vllm_adapter_update_changes_the_served_policy(lora_policy, vllm_engine,
 
 
 @pytest.mark.slow
-def test_vllm_full_finetune_syncs_in_place(policy, tasks):
-    """The tiny profile's default (full fine-tune): sync saves the weights over the served folder
-    and the server reloads them (/collective_rpc reload_weights), same process, new outputs equal
-    to the HF engine's on the new weights."""
+def test_vllm_full_finetune_syncs_by_restart(policy, tasks):
+    """The tiny profile's default (full fine-tune): sync re-exports and restarts the server; its
+    outputs change and equal the HF engine's on the new weights."""
     import copy
 
     full = copy.deepcopy(policy)
@@ -302,14 +301,13 @@ def test_vllm_full_finetune_syncs_in_place(policy, tasks):
         assert [r.ids for r in before] == [
             r.ids for r in make_engine(VLLM_CFG, full).rollout(tasks[:2], HIGH, seed=0)
         ]
-        pid = engine.server.proc.pid
         gen = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for p in full.model.parameters():
                 p.add_(torch.randn(p.shape, generator=gen) * 0.05)
         engine.sync(full)
         after = engine.rollout(tasks[:2], HIGH, seed=0)
-        assert engine.server.proc.pid == pid and [r.ids for r in after] != [r.ids for r in before]
+        assert [r.ids for r in after] != [r.ids for r in before]
         hf = make_engine(VLLM_CFG, full).rollout(tasks[:2], HIGH, seed=0)
         assert [r.ids for r in after] == [r.ids for r in hf]
     finally:
