@@ -25,6 +25,11 @@ measured at the same thread count, a time no engine can beat. Decode is bound by
 (each step reads the whole KV cache, ~1 KB per context token per episode here), so 100% is out of
 reach. Last the ratio batched/naive in episodes/s (target >= 3x).
 
+- vllm: the same episodes through `rollout.engine=vllm` (rcgrpo.engines.vllm_engine: a vLLM
+  server in its own venv, 1 OpenMP thread on the CPU, requests sent concurrently); its start-up
+  (export + server to /health) is printed apart and not timed in episodes/s; its prefill share is
+  the server's business (prefix caching), so it is printed as n/a. Ratio vllm/batched last.
+
     .venv/bin/python bench/rollout.py                     # 32 episodes, bfcl protocol
     .venv/bin/python bench/rollout.py --threads 2         # default: rcgrpo.runtime.torch_threads
     RCGRPO_TORCH_THREADS=2 .venv/bin/python bench/rollout.py
@@ -152,33 +157,43 @@ def main() -> None:
         f"{args.protocol}, torch threads {threads}, load average {load:.2f} (of {os.cpu_count()})"
     )
     HFEngine(cfg, policy).rollout(tasks[:2], protocol=args.protocol, seed=args.seed)  # warm-up
+    from rcgrpo.engines.vllm_engine import VLLMEngine
+
+    t0 = time.perf_counter()
+    vllm = VLLMEngine(RolloutConfig(**{**cfg.__dict__, "engine": "vllm"}), policy)
+    print(f"vllm server up in {time.perf_counter() - t0:.1f} s (export + start + /health)")
+    vllm.rollout(tasks[:2], protocol=args.protocol, seed=args.seed)  # warm-up
     NaiveEngine(cfg, policy).rollout(tasks[:1], protocol=args.protocol, seed=args.seed)
 
     runs = {}
     for name, engine, naive in (
         ("batched", HFEngine(cfg, policy), False),
         ("naive", NaiveEngine(cfg, policy), True),
+        ("vllm", vllm, False),
     ):
         before = getattr(engine, "prefilled_tokens", None)
         runs[name] = timed(engine, tasks, args.protocol, args.seed, naive)
-        runs[name]["prefilled"] = None if naive else engine.prefilled_tokens - before
+        runs[name]["prefilled"] = None if before is None else engine.prefilled_tokens - before
+    vllm.close()
     rate = matmul_flops()
     for name, run in runs.items():
         s, calls = run["seconds"], run["calls"]
         read, new = sum(c[0] for c in calls), sum(c[1] for c in calls)
         prefilled = run["prefilled"] if run["prefilled"] is not None else read
+        share = "n/a" if name == "vllm" else f"{100 * prefilled / read:3.0f}%"
         bound = workload_flops(policy.model.config, run["episodes"]) / rate
         print(
             f"{name:8s} {len(tasks) / s:6.2f} episodes/s ({s:6.2f} s, {len(calls)} messages): "
             f"{new / s:5.0f} generated tok/s, {read / s:6.0f} prompt tok/s "
-            f"({100 * prefilled / read:3.0f}% prefilled); FLOP bound {bound:4.2f} s, "
+            f"({share} prefilled); FLOP bound {bound:4.2f} s, "
             f"reaches {100 * bound / s:4.1f}% of it"
         )
     ratio = runs["naive"]["seconds"] / runs["batched"]["seconds"]
     print(
         f"matmul {rate / 1e9:.1f} GFLOP/s at {threads} thread(s); load average "
         f"{os.getloadavg()[0]:.2f} at the end; ratio batched/naive: {ratio:.2f}x "
-        f"(threads {threads}, target >= 3x)"
+        f"(threads {threads}, target >= 3x); ratio vllm/batched: "
+        f"{runs['batched']['seconds'] / runs['vllm']['seconds']:.2f}x"
     )
 
 

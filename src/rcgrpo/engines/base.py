@@ -27,7 +27,7 @@ from rcgrpo.trajectories.record import Provenance
 class RolloutConfig:
     """params.yaml `rollout:` section."""
 
-    engine: str = "hf"  # "hf" (transformers generate loop, CPU or GPU) | "vllm" (GPU only)
+    engine: str = "hf"  # "hf" (transformers generate loop) | "vllm" (vLLM server, own venv)
     protocol: str = "combined"  # "combined" (paper, Step 1..n + done()) | "bfcl" (turn by turn)
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # nucleus sampling mass

