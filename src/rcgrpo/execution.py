@@ -169,8 +169,13 @@ class Backend:
             local = local_engine or make_engine(spec.rollout, policy)
             return ShardedEngine(local, group=group, shard_size=self.cfg.shard_size)
         cfg, ray = self.cfg, self.ray
-        cls = ray.remote(concurrency_groups={"control": 1})(RolloutWorker)
-        cls.state = ray.method(concurrency_group="control")(cls.state)
+
+        class Worker(RolloutWorker):  # state() answers from its own thread while a shard runs
+            @ray.method(concurrency_group="control")
+            def state(self):
+                return RolloutWorker.state(self)
+
+        cls = ray.remote(concurrency_groups={"control": 1})(Worker)
         opts = dict(num_cpus=cfg.cpus_per_worker, num_gpus=cfg.gpus_per_worker,
                     memory=int(cfg.memory_per_worker_gb * 2**30), max_restarts=cfg.max_retries,
                     max_task_retries=cfg.max_retries)  # fmt: skip
