@@ -38,7 +38,9 @@ class ExecutionConfig:
     """params.yaml `execution:` section."""
 
     backend: Literal["local", "ray"] = "local"  # local: this process; ray: Ray actor workers
-    address: str = "auto"  # auto: running cluster (RAY_ADDRESS / ray start) else a local one; ray://host:10001
+    address: str = (
+        "auto"  # auto: running cluster (RAY_ADDRESS / ray start) else a local one; ray://host:10001
+    )
     workers: int = 2  # Ray actors, each with its own policy and engine
     cpus_per_worker: float = 1.0  # Ray CPUs reserved per worker
     gpus_per_worker: float = 0.0  # Ray GPUs per worker (vLLM replicas on a GPU cluster)
@@ -113,7 +115,9 @@ class ShardedEngine:
         if self.local is not None:  # the same shards, in order, in this process
             out = []
             for s, e in bounds:
-                out += self.local.rollout(tasks[s:e], reward_tokens[s:e], protocol, seed, first_index=s)
+                out += self.local.rollout(
+                    tasks[s:e], reward_tokens[s:e], protocol, seed, first_index=s
+                )
             return out
         from ray.util import ActorPool
 
