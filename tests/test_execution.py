@@ -84,3 +84,32 @@ def test_ray_equals_local_and_survives_a_killed_worker(cluster, local):
         assert killed is not None, "no worker was seen mid-shard"
         same(result["r"], expected)  # nothing lost, nothing duplicated, same numbers
         assert killed not in [pid for pid, _ in backend.worker_states()]
+
+
+@pytest.mark.slow
+def test_rl_steps_and_eval_report_equal_on_both_backends(cluster, tmp_path):
+    """Two RL steps (the second samples from weights shipped after the first update) and an
+    evaluation report: identical metrics and tables, local vs Ray."""
+    from rcgrpo.engines import make_engine
+    from rcgrpo.evaluation import EvalConfig, evaluate
+    from rcgrpo.grpo.trainer import RLConfig, Trainer
+
+    def rl(cfg_exec, out):
+        policy = load_policy(SPEC.model)
+        cfg = RLConfig(tasks_per_step=2, group_size=2, steps=2, lr=5e-3, save_every=0,
+                       micro_batch_size=4, kl_coef=0.0, out_dir=str(out))  # fmt: skip
+        with session(cfg_exec) as backend:
+            engine = backend.engine(policy, SPEC, group=2, local_engine=make_engine(ROLL, policy))
+            history = Trainer(policy, engine, tasks_in("train")[:4], cfg).train()
+        return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in history]
+
+    assert rl(CFG, tmp_path / "ray") == rl(ExecutionConfig(shard_size=2), tmp_path / "local")
+
+    ecfg = EvalConfig(protocol="combined", other_protocol=False, tokens=("high", "low"),
+                      limit=1, out_dir=str(tmp_path / "e"))  # fmt: skip
+    reports = []
+    for exec_cfg in (ExecutionConfig(shard_size=2), CFG):
+        policy = load_policy(SPEC.model)
+        with session(exec_cfg) as backend:
+            reports.append(evaluate(backend.engine(policy, SPEC), ecfg))
+    assert reports[0]["runs"] == reports[1]["runs"]
