@@ -113,3 +113,16 @@ def test_rl_steps_and_eval_report_equal_on_both_backends(cluster, tmp_path):
         with session(exec_cfg) as backend:
             reports.append(evaluate(backend.engine(policy, SPEC), ecfg))
     assert reports[0]["runs"] == reports[1]["runs"]
+
+
+@pytest.mark.slow
+def test_dataset_rollout_failures_equal_on_both_backends(cluster):
+    from rcgrpo.trajectories.failures import rollout_failures
+
+    tasks = tasks_in("train")[:3]
+    reports = []
+    for exec_cfg in (ExecutionConfig(shard_size=2), CFG):
+        with session(exec_cfg) as backend:
+            reports.append(rollout_failures(tasks, "combined", 0, SPEC.model, 1024, backend))
+    assert reports[0].summary() == reports[1].summary()
+    assert [r.to_json() for r in reports[0].records] == [r.to_json() for r in reports[1].records]
