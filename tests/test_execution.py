@@ -126,3 +126,14 @@ def test_dataset_rollout_failures_equal_on_both_backends(cluster):
             reports.append(rollout_failures(tasks, "combined", 0, SPEC.model, 1024, backend))
     assert reports[0].summary() == reports[1].summary()
     assert [r.to_json() for r in reports[0].records] == [r.to_json() for r in reports[1].records]
+
+
+def test_local_backend_needs_no_ray():
+    import subprocess
+    import sys
+
+    code = ("import sys; from rcgrpo.execution import ExecutionConfig, session\n"
+            "with session(ExecutionConfig()) as b: tags = b.tags()\n"
+            "import flows.evaluate, flows.train, flows.build_dataset\n"
+            "assert 'ray' not in sys.modules and tags == {'execution.backend': 'local'}")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
