@@ -88,7 +88,14 @@ def generate_rollouts(
         tasks += random.Random(f"{cfg.seed}:rollouts:{split}").sample(list(split_tasks), k)
     model = rollout_model(cfg, model_overrides)  # a params.yaml typo fails, even under auto
     try:
-        report = rollout_failures(tasks, cfg.protocol, cfg.seed, model, cfg.rollout_max_tokens)
+        from rcgrpo.config import load_section
+        from rcgrpo.execution import ExecutionConfig, session
+
+        with session(load_section("execution", ExecutionConfig)) as backend:
+            logger.info("rollouts on %s", backend.tags())
+            report = rollout_failures(
+                tasks, cfg.protocol, cfg.seed, model, cfg.rollout_max_tokens, backend=backend
+            )
     except Exception as e:
         if cfg.rollouts == "on":
             raise

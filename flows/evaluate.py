@@ -68,7 +68,9 @@ def table_markdown(report: dict) -> str:
 
 
 @task(cache_policy=NO_CACHE)
-def score(cfg, model_cfg, rollout_cfg, model_path: str, run_id: str, prefix: str) -> dict:
+def score(
+    cfg, model_cfg, rollout_cfg, model_path: str, run_id: str, prefix: str, execution=None
+) -> dict:
     from rcgrpo.evaluation import run_eval
 
     to_mlflow = tracking.metrics_logger(run_id)
@@ -76,7 +78,11 @@ def score(cfg, model_cfg, rollout_cfg, model_path: str, run_id: str, prefix: str
     def log(metrics: dict, step: int) -> None:  # eval/x -> <prefix>/x
         to_mlflow({prefix + k.removeprefix("eval"): v for k, v in metrics.items()}, step)
 
-    return run_eval(cfg, model_cfg, model_path, rollout_cfg, log_metrics=log)
+    from rcgrpo.execution import ExecutionConfig, session
+
+    with session(load_section("execution", ExecutionConfig, overrides=execution)) as backend:
+        tracking.set_tags(run_id, backend.tags())  # the Ray job this stage's rollouts ran as
+        return run_eval(cfg, model_cfg, model_path, rollout_cfg, log_metrics=log, backend=backend)
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)

@@ -95,9 +95,12 @@ def fit(stage: str, cfg, model_cfg, rollout_cfg, run_id: str) -> str:
             bar.update(job, completed=step, info=info)
 
         if stage == "rl":
+            from rcgrpo.execution import ExecutionConfig, session
             from rcgrpo.grpo.run import run_rl
 
-            final = run_rl(cfg, model_cfg, rollout_cfg, log_metrics=log)
+            with session(load_section("execution", ExecutionConfig)) as backend:
+                tracking.set_tags(run_id, backend.tags())  # the Ray job of the rollouts
+                final = run_rl(cfg, model_cfg, rollout_cfg, log_metrics=log, backend=backend)
         else:
             from rcgrpo.sft import run_sft
 

@@ -319,9 +319,12 @@ def evaluate(
     return report
 
 
-def run_eval(cfg: EvalConfig, model_cfg, model_path, rollout_cfg=None, log_metrics=None) -> dict:
+def run_eval(
+    cfg: EvalConfig, model_cfg, model_path, rollout_cfg=None, log_metrics=None, backend=None
+) -> dict:
     """Load a saved policy and evaluate it with the rollout engine (rcgrpo.engines), at
-    cfg.temperature (greedy by default) whatever the rollout section's sampling temperature."""
+    cfg.temperature (greedy by default) whatever the rollout section's sampling temperature.
+    backend: an rcgrpo.execution Backend (local or Ray workers; None = one local engine)."""
     from dataclasses import replace
 
     from rcgrpo.engines import RolloutConfig, make_engine
@@ -332,4 +335,11 @@ def run_eval(cfg: EvalConfig, model_cfg, model_path, rollout_cfg=None, log_metri
     policy = load_policy(model_cfg, adapter_path=model_path)
     rollout_cfg = replace(rollout_cfg or RolloutConfig(), protocol=cfg.protocol,
                           temperature=cfg.temperature)  # fmt: skip
-    return evaluate(make_engine(rollout_cfg, policy), cfg, log_metrics, tasks=tasks)
+    if backend is None:
+        engine = make_engine(rollout_cfg, policy)
+    else:
+        from rcgrpo.execution import RolloutSpec
+
+        spec = RolloutSpec(model_cfg, str(model_path) if model_path else None, rollout_cfg)
+        engine = backend.engine(policy, spec)
+    return evaluate(engine, cfg, log_metrics, tasks=tasks)

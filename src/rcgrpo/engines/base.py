@@ -119,8 +119,11 @@ class Engine:
         reward_tokens: Sequence[str | None] | str | None = None,
         protocol: str | None = None,
         seed: int = 0,
+        first_index: int = 0,
     ) -> list[Rollout]:
-        """Roll out every task once (in order); reward_tokens: one per task, or one for all."""
+        """Roll out every task once (in order); reward_tokens: one per task, or one for all.
+        first_index: the episode index of tasks[0] in the whole run, so a shard of a run
+        (rcgrpo.execution) samples with the same per-episode seeds as the run in one call."""
         if reward_tokens is None or isinstance(reward_tokens, str):
             reward_tokens = [reward_tokens] * len(tasks)
         if len(reward_tokens) != len(tasks):
@@ -142,7 +145,7 @@ class Engine:
                 samples = self.generate(
                     [loops[i].ids for i in batch],
                     [loops[i].max_new() for i in batch],
-                    [episode_seed(seed, i, steps[i]) for i in batch],
+                    [episode_seed(seed, first_index + i, steps[i]) for i in batch],
                 )
                 for i, sample in zip(batch, samples, strict=True):
                     self.generated_tokens += len(sample.ids)

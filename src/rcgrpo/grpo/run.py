@@ -45,6 +45,7 @@ def run_rl(
     log_metrics: LogMetrics | None = None,
     log_artifact: Callable[[Path], None] | None = None,
     resume: bool = False,
+    backend=None,
 ) -> Path:
     """Load the initial policy (cfg.start_path), train on the RL tasks, save <out_dir>/final."""
     from rcgrpo.engines import RolloutConfig, make_engine
@@ -63,6 +64,11 @@ def run_rl(
     rollout_cfg = rollout_cfg or RolloutConfig(protocol=cfg.protocol)
     policy = load_policy(model_cfg, adapter_path=start)
     engine = make_engine(rollout_cfg, policy)
+    if backend is not None:  # rcgrpo.execution: the same shards (whole groups), local or Ray
+        from rcgrpo.execution import RolloutSpec
+
+        spec = RolloutSpec(model_cfg, str(start), rollout_cfg)
+        engine = backend.engine(policy, spec, group=cfg.group_size, local_engine=engine)
     trainer = Trainer(policy, engine, tasks, cfg, log_metrics, temperature=rollout_cfg.temperature)
     trainer.out.mkdir(parents=True, exist_ok=True)
     (trainer.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))

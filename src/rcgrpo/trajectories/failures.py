@@ -274,6 +274,7 @@ def rollout_failures(
     seed: int,
     model: ModelConfig,
     max_total_tokens: int = 0,
+    backend=None,
 ) -> RolloutReport:
     """Usable failures (`refusal` is None) among rollouts of the base policy of `model`.
 
@@ -290,10 +291,14 @@ def rollout_failures(
     from rcgrpo.models import load_policy
 
     policy = load_policy(model)
-    engine = make_engine(
-        RolloutConfig(protocol=protocol, max_new_tokens=128, max_total_tokens=max_total_tokens),
-        policy,
+    rollout_cfg = RolloutConfig(
+        protocol=protocol, max_new_tokens=128, max_total_tokens=max_total_tokens
     )
+    engine = make_engine(rollout_cfg, policy)
+    if backend is not None:  # rcgrpo.execution: the same shards, local or on Ray workers
+        from rcgrpo.execution import RolloutSpec
+
+        engine = backend.engine(policy, RolloutSpec(model, None, rollout_cfg), local_engine=engine)
     report = RolloutReport(model={"profile": model.profile, "path": model.path, "seed": model.seed})
     for rollout in engine.rollout(list(tasks), reward_tokens=None, protocol=protocol, seed=seed):
         record = rollout.trajectory
