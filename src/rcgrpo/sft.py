@@ -8,11 +8,13 @@ Records are rendered once into token ids + an assistant-only mask by the agent l
 (rcgrpo.trajectories.agent_loop), the same code that renders rollouts, so train and sample see the
 same tokens. The loss is summed over assistant tokens and divided by the number of assistant tokens
 of the whole optimizer batch, so gradient accumulation over micro-batches gives the gradient of
-one big batch. LoRA or full fine-tuning is the model profile's choice (rcgrpo.models). The batch
+one big batch; under `accelerate launch` the micro-batches are split between the ranks with the
+same normalisation (rcgrpo.distributed), so N processes make the 1-process update. LoRA or full fine-tuning is the model profile's choice (rcgrpo.models). The batch
 order is a function of (seed, epoch), so `resume` continues mid-epoch exactly.
 
     rcgrpo train rctp                       # params.yaml `rctp:` + `model:` sections
     rcgrpo train sft --set epochs=1
+    accelerate launch --num_processes 8 -m rcgrpo.cli train rctp   # data-parallel, 8 ranks
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def train_sft(
     pad_id: int = 0,
 ) -> list[dict]:
     """Fine-tune `model` in place on rendered examples; returns the per-step metrics."""
-    from rcgrpo import checkpoint
+    from rcgrpo import checkpoint, distributed
 
     if not examples:
         raise ValueError(f"no training examples for mode {cfg.mode!r} in {cfg.data}")
@@ -158,6 +160,9 @@ def train_sft(
     start = 0
     if resume and (ckpt := checkpoint.latest(cfg.out_dir)) is not None:
         start = checkpoint.load(ckpt, model, optimizer, scheduler)["step"]
+    ranks = None  # under `accelerate launch`: each rank takes its share of the micro-batches
+    if distributed.launched():
+        ranks = distributed.Ranks(model, optimizer)
     model.train()
     history = []
     for step in range(start, len(schedule)):
@@ -166,14 +171,27 @@ def train_sft(
         n_tokens = sum(int(m[1:].sum()) for _, m in batch)  # assistant targets in the batch
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        for i in range(0, len(batch), cfg.micro_batch_size):
-            ids, mask, attn = pad(batch[i : i + cfg.micro_batch_size], pad_id)
-            loss = summed_ce(model, ids, mask, attn) / max(1, n_tokens)
-            loss.backward()
-            total += loss.item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        )
+        micro = [
+            batch[i : i + cfg.micro_batch_size] for i in range(0, len(batch), cfg.micro_batch_size)
+        ]
+        if ranks is None:
+            for mb in micro:
+                ids, mask, attn = pad(mb, pad_id)
+                loss = summed_ce(model, ids, mask, attn) / max(1, n_tokens)
+                loss.backward()
+                total += loss.item()
+            clip = torch.nn.utils.clip_grad_norm_
+            grad_norm = clip(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        else:  # same global normalisation (n_tokens of the whole batch), summed over ranks
+            mine = ranks.share(micro)
+            for k, (mb, weight) in enumerate(mine):
+                ids, mask, attn = pad(mb, pad_id)
+                loss = ranks.forward(summed_ce, ids, mask, attn) / max(1, n_tokens) * weight
+                with ranks.syncing(k, len(mine)):
+                    ranks.backward(loss)
+                total += loss.item()
+            total = ranks.sum(total)
+            grad_norm = ranks.clip(cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
@@ -189,9 +207,9 @@ def train_sft(
             "sft/step_time_s": dt,
         }
         history.append(metrics)
-        if log_metrics is not None:
+        if log_metrics is not None and distributed.is_main():
             log_metrics(metrics, step + 1)
-        if cfg.save_every and (step + 1) % cfg.save_every == 0:
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and distributed.is_main():
             checkpoint.save(
                 checkpoint.path_for(cfg.out_dir, step + 1), model, optimizer, scheduler, step + 1
             )
@@ -223,6 +241,7 @@ def run_sft(
     <out_dir>/final (save_policy: adapter or full weights + tokenizer); returns that folder."""
     import dataclasses
 
+    from rcgrpo import distributed
     from rcgrpo.checkpoint import check_writable
     from rcgrpo.models import PROFILES, load_policy, save_policy
     from rcgrpo.trajectories.record import read_jsonl
@@ -235,6 +254,8 @@ def run_sft(
     pad_id = policy.tokenizer.pad_token_id or 0
     history = train_sft(policy.model, examples, cfg, log_metrics, resume=resume, pad_id=pad_id)
     final = Path(cfg.out_dir) / "final"
+    if not distributed.is_main():  # under `accelerate launch` rank 0 saves (same weights)
+        return final
     protocols = sorted({r.protocol for r in select(records, cfg.mode)})
     save_policy(
         policy, final, {"stage": cfg.mode, "protocol": "+".join(protocols), "data": cfg.data}
