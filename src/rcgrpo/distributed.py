@@ -85,7 +85,7 @@ class Ranks:
         return [(m, 1.0) for m in mine] + [(micro_batches[0], 0.0)] * (n - len(mine))
 
     def syncing(self, i: int, n: int):
-        """Context for backward i of n: gradients all-reduce on the last one only."""
+        """Context for forward + backward i of n: gradients all-reduce on the last one only."""
         return contextlib.nullcontext() if i == n - 1 else self.accelerator.no_sync(self.model)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -96,10 +96,10 @@ class Ranks:
     def clip(self, max_norm: float) -> torch.Tensor:
         return self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
 
-    def sum(self, value: float) -> float:
-        """Sum of a per-rank float over the ranks (a logged loss)."""
-        t = torch.tensor([value], dtype=torch.float64, device=self.accelerator.device)
-        return float(self.accelerator.reduce(t, reduction="sum"))
+    def sum(self, values: list[float]) -> list[float]:
+        """Per-rank floats (logged losses, stats) summed over the ranks, in one all-reduce."""
+        t = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
+        return self.accelerator.reduce(t, reduction="sum").tolist()
 
     def broadcast(self, obj):
         """Rank 0's Python object on every rank (the RL rollouts)."""

@@ -186,11 +186,11 @@ def train_sft(
             mine = ranks.share(micro)
             for k, (mb, weight) in enumerate(mine):
                 ids, mask, attn = pad(mb, pad_id)
-                loss = ranks.forward(summed_ce, ids, mask, attn) / max(1, n_tokens) * weight
-                with ranks.syncing(k, len(mine)):
+                with ranks.syncing(k, len(mine)):  # forward and backward: DDP arms in forward
+                    loss = ranks.forward(summed_ce, ids, mask, attn) / max(1, n_tokens) * weight
                     ranks.backward(loss)
                 total += loss.item()
-            total = ranks.sum(total)
+            (total,) = ranks.sum([total])
             grad_norm = ranks.clip(cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
