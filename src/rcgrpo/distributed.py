@@ -18,18 +18,22 @@ zero-weight copy of one, so every rank joins the same number of all-reduces.
 
 RL rollouts (rcgrpo.grpo.trainer): rank 0 samples the whole batch and broadcasts the rollouts;
 the other ranks wait. The rollouts are then exactly those of a 1-process run (the engine's
-sampling stream depends on the batch it is given, so splitting the tasks would change them), and
+sampling stream is seeded per call, so splitting the tasks could change them), and
 multi-node rollout scaling is the Ray backend's job (rcgrpo.execution). Only the update is
 sharded. Checkpoints, the final model and logged metrics are written by rank 0 only.
 
     accelerate launch --num_processes 8 -m rcgrpo.cli train rctp --model-set profile=qwen2.5-7b-instruct
-    accelerate launch --num_processes 2 --cpu -m rcgrpo.cli train sft --set epochs=1   # CPU, gloo
-    accelerate launch --use_fsdp --num_processes 8 -m rcgrpo.cli train sft ...   # 7B full FT
+    accelerate launch --num_processes 8 -m rcgrpo.cli train rl      # RL: rank 0 rolls out
+    accelerate launch --multi_gpu --num_processes 2 -m rcgrpo.cli train sft   # CPU box: gloo
 
-FSDP (full fine-tuning of 7B, whose fp32 Adam state does not fit one GPU) is the accelerate
-config switch (`accelerate config` -> FSDP, or `--use_fsdp --fsdp_sharding_strategy FULL_SHARD
---fsdp_state_dict_type FULL_STATE_DICT`); the loops need no change, but it is not run on this
-CPU-only project (gloo has no FSDP test here).
+On GPUs accelerate turns --multi_gpu on by itself (8 processes, 8 GPUs, nccl). On a CPU-only
+box `--multi_gpu` starts the ranks (torch.distributed.run) and the Accelerator runs them on the
+CPU over gloo; `--cpu` alone starts one process (several only through mpirun). FSDP (full
+fine-tuning of 7B, whose fp32 weights + Adam state do not fit one GPU) is the accelerate config
+switch: `accelerate config` -> FSDP, or `accelerate launch --use_fsdp --fsdp_version 2
+--fsdp_state_dict_type FULL_STATE_DICT --num_processes 8 -m rcgrpo.cli train sft ...`; the
+loops need no change, but FSDP is not run in this CPU-only project (only DDP over gloo is
+tested), and saving the final model from FSDP shards is untested.
 """
 
 from __future__ import annotations

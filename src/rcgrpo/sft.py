@@ -14,7 +14,7 @@ order is a function of (seed, epoch), so `resume` continues mid-epoch exactly.
 
     rcgrpo train rctp                       # params.yaml `rctp:` + `model:` sections
     rcgrpo train sft --set epochs=1
-    accelerate launch --num_processes 8 -m rcgrpo.cli train rctp   # data-parallel, 8 ranks
+    accelerate launch --num_processes 8 -m rcgrpo.cli train rctp   # 8 GPUs (rcgrpo.distributed)
 """
 
 from __future__ import annotations

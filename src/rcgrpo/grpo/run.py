@@ -48,6 +48,7 @@ def run_rl(
     backend=None,
 ) -> Path:
     """Load the initial policy (cfg.start_path), train on the RL tasks, save <out_dir>/final."""
+    from rcgrpo import distributed
     from rcgrpo.engines import RolloutConfig, make_engine
     from rcgrpo.models import load_policy, save_policy
 
@@ -74,6 +75,8 @@ def run_rl(
     (trainer.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
     (trainer.out / "tasks.json").write_text(json.dumps([t.id for t in tasks], indent=1))
     trainer.train(resume=resume)
+    if not distributed.is_main():  # under `accelerate launch` rank 0 saves (same weights)
+        return trainer.out / "final"
     training = {"stage": "rl", "protocol": cfg.protocol, "init": cfg.init,
                 "conditioning": cfg.conditioning, "p_high": cfg.p_high}  # fmt: skip
     final = save_policy(policy, trainer.out / "final", training)
