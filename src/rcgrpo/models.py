@@ -5,7 +5,10 @@ tokens (one id each; new embedding rows = the mean embedding), a chat template t
 `tools=` (the model's own if it does, else the project's ChatML template), and, if configured,
 LoRA adapters (per-architecture default target modules; the reward-token rows trained too through
 peft's `trainable_token_indices`, since frozen mean rows would make <|high_reward|> and
-<|low_reward|> the same input). `save_policy` writes adapter (or full weights) + tokenizer;
+<|low_reward|> the same input), and gradient checkpointing (on by default for the 7B/8B
+profiles: recomputing each layer in backward keeps one layer's activations instead of all).
+`add_reference_adapter` / `using_adapter` give RL its frozen reference inside a LoRA policy.
+`save_policy` writes adapter (or full weights) + tokenizer;
 `load_policy(cfg, adapter_path=...)` reloads them.
 
 Profiles (params.yaml `model.profile`): `tiny` (built offline, see rcgrpo/tiny.py; cached under
@@ -22,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +53,7 @@ class Profile:
     max_new_tokens: int = 0  # per model message
     max_total_tokens: int = 0  # per episode: prompt + every turn
     sft_max_len: int = 0  # longest SFT example kept (longer ones are dropped and counted)
+    gradient_checkpointing: bool = False  # default for ModelConfig.gradient_checkpointing
 
 
 # Token budgets sized from lengths measured by scripts/ceiling.py: the ground truth of all 800
@@ -74,11 +79,11 @@ PROFILES = {
     ),
     "qwen2.5-7b-instruct": Profile(
         "qwen2.5-7b-instruct", "hub", "Qwen/Qwen2.5-7B-Instruct", lora=True, compact_docs=False,
-        **_FULL,
+        gradient_checkpointing=True, **_FULL,
     ),
     "llama-3.1-8b-instruct": Profile(
         "llama-3.1-8b-instruct", "hub", "meta-llama/Llama-3.1-8B-Instruct", lora=True,
-        compact_docs=False, **_FULL,
+        compact_docs=False, gradient_checkpointing=True, **_FULL,
     ),
 }  # fmt: skip
 
@@ -96,6 +101,7 @@ class ModelConfig:
     lora_target_modules: tuple[str, ...] = ()  # () = LORA_TARGETS[model_type]
     train_reward_rows: bool = True  # with LoRA, also train the 2 reward-token embedding rows
     compact_docs: bool | None = None  # signature-only tool docs (None = profile default)
+    gradient_checkpointing: bool | None = None  # recompute activations in backward (None = profile)
     dtype: str = "float32"  # torch dtype name; "bfloat16" on GPUs
     device: str = "cpu"  # torch device for the policy
     seed: int = 0  # seeds the tiny model's init and the LoRA init
@@ -350,6 +356,12 @@ def load_policy(cfg: ModelConfig, adapter_path: str | Path | None = None) -> Pol
     tokenizer.padding_side = "left"
     reward_ids = {t: tokenizer.convert_tokens_to_ids(t) for t in REWARD_TOKENS}
     stop = next(t for t in ("<|im_end|>", "<|eot_id|>") if t in tokenizer.get_vocab())
+    checkpointing = profile.gradient_checkpointing
+    if cfg.gradient_checkpointing is not None:
+        checkpointing = cfg.gradient_checkpointing
+    if checkpointing:  # acts in train mode only: rollouts and evaluation (eval mode) are unchanged
+        # non-reentrant: works under peft without enable_input_require_grads (frozen embeddings)
+        model.activation_checkpointing_enable({"use_reentrant": False})
     if use_lora:
         if adapter is not None and not full:
             from peft import PeftModel
@@ -386,7 +398,10 @@ def save_policy(policy: Policy, path: str | Path, training: dict | None = None) 
     if policy.is_lora:
         # The resized embedding matrix is not saved (GBs on 7B): load_policy rebuilds its new
         # rows (the mean) and the trained reward-token rows are in the adapter.
-        policy.model.save_pretrained(path, save_embedding_layers=False)
+        # the trained adapter only, not the RL reference adapter (add_reference_adapter)
+        policy.model.save_pretrained(
+            path, save_embedding_layers=False, selected_adapters=[policy.model.active_adapter]
+        )
     else:
         policy.model.save_pretrained(path)
     policy.tokenizer.save_pretrained(path)
@@ -455,3 +470,43 @@ def export_lora(policy: Policy, folder: str | Path) -> Path:
     config["trainable_token_indices"] = None
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=1, default=list))
     return folder
+
+
+REFERENCE_ADAPTER = "reference"  # the frozen RL reference inside a LoRA policy
+
+
+def add_reference_adapter(model) -> str:
+    """Freeze a copy of the active LoRA adapter (and its reward-token rows) under a second name:
+    the RL reference is the policy RL starts from, i.e. base + the fine-tuned adapter, so
+    `disable_adapter()` (the pre-fine-tuning base, reward-token rows at their mean init) would be
+    the wrong model. The copy costs the adapter's size (MBs), not a second base (15 GB on 7B).
+    Forward through it inside `using_adapter(model, name)`."""
+    import copy
+
+    from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+
+    active = model.active_adapter
+    model.add_adapter(REFERENCE_ADAPTER, copy.deepcopy(model.peft_config[active]))
+    state = get_peft_model_state_dict(model, adapter_name=active, save_embedding_layers=False)
+    set_peft_model_state_dict(model, state, adapter_name=REFERENCE_ADAPTER)
+    model.set_adapter(active)  # add_adapter may switch; the trained adapter stays active
+    for name, p in model.named_parameters():
+        if f".{REFERENCE_ADAPTER}" in name:
+            p.requires_grad_(False)
+    return REFERENCE_ADAPTER
+
+
+@contextmanager
+def using_adapter(model, name: str):
+    """Run the forward passes inside through adapter `name`, then restore the active adapter
+    and every parameter's requires_grad (peft's set_adapter marks the adapter it sets as
+    trainable)."""
+    active = model.active_adapter
+    grads = [p.requires_grad for p in model.parameters()]
+    model.set_adapter(name)
+    try:
+        yield model
+    finally:
+        model.set_adapter(active)
+        for p, g in zip(model.parameters(), grads, strict=True):
+            p.requires_grad_(g)

@@ -132,7 +132,12 @@ class Trainer:
 
     score_fn(task, rollout) -> (paper 0/1, bfcl 0/1); default: the rollout's own rewards if it
     carries them, else rcgrpo.bfcl.checkers.score on its calls. ref_model: the frozen reference
-    (default: a copy of the model as given, i.e. the initial SFT / RCTP-FT policy).
+    (default: the model as given, i.e. the initial SFT / RCTP-FT policy). With LoRA that is a
+    frozen second adapter, a copy of the starting one (models.add_reference_adapter): not
+    `disable_adapter()`, which would be the base before fine-tuning. A full fine-tune has no
+    base to share: its reference is a frozen deep copy of the whole model (unavoidable).
+    Log-probs, entropy and logprob_gap use the LM head at sampled positions only (N, V), never
+    (B, T, V): rcgrpo.forward.masked_logits; bench/memory.py measures the difference.
     temperature: the engine's sampling temperature (rollout.temperature); training log-probs
     use logits / temperature, the distribution the rollouts were drawn from.
     """
@@ -156,8 +161,14 @@ class Trainer:
         if temperature <= 0:
             raise ValueError("RL needs sampling: rollout.temperature must be > 0 (0 is greedy)")
         self.temperature = temperature
+        self.ref_adapter = None  # a LoRA policy's reference: a frozen adapter inside it
         if ref_model is None and cfg.kl_coef > 0:
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+            if hasattr(self.model, "peft_config"):
+                from rcgrpo.models import add_reference_adapter
+
+                self.ref_adapter = add_reference_adapter(self.model)
+            else:
+                self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=0.0)
         warm = cfg.warmup_steps
@@ -205,6 +216,15 @@ class Trainer:
         scaled = logits if self.temperature == 1.0 else logits / self.temperature
         return scatter(token_logprobs(scaled, ids[:, 1:][where]), where), logits, where
 
+    def _ref_logprobs(self, ids, attn, mask):
+        """The reference's log-probs (B, T-1), like _logprobs; call under no_grad."""
+        if self.ref_adapter is None:
+            return self._logprobs(self.ref_model, ids, attn, mask)[0]
+        from rcgrpo.models import using_adapter
+
+        with using_adapter(self.model, self.ref_adapter):
+            return self._logprobs(self.model, ids, attn, mask)[0]
+
     def train_step(self, step: int) -> dict:
         cfg, t0 = self.cfg, time.perf_counter()
         tasks, tokens = self.draw(step)
@@ -235,7 +255,7 @@ class Trainer:
         # ours are at the sampling temperature. Same micro-batches as the first update, so its
         # forwards are bit-identical (ratio exactly 1). The reference and logprob_gap ride along.
         old = torch.zeros_like(mask)  # (B, T-1)
-        use_ref = self.ref_model is not None and cfg.kl_coef > 0
+        use_ref = (self.ref_model is not None or self.ref_adapter is not None) and cfg.kl_coef > 0
         ref = torch.zeros_like(mask) if use_ref else None
         gap = torch.zeros(())  # sum over sampled tokens of |engine log p - trainer log p|
         self.model.eval()
@@ -247,7 +267,7 @@ class Trainer:
                     mine = scatter(token_logprobs(logits, ids[c, 1:][where]), where)
                 gap += ((sampled_logp[c] - mine).abs() * mask[c]).sum()
                 if ref is not None:
-                    ref[c] = self._logprobs(self.ref_model, ids[c], attn[c], mask[c])[0]
+                    ref[c] = self._ref_logprobs(ids[c], attn[c], mask[c])
 
         def size(c):  # what a micro-batch weighs in its mini-batch's mean: tokens or sequences
             return mask[c].sum() if cfg.aggregation == "token-mean" else (mask[c].sum(1) > 0).sum()

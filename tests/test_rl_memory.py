@@ -1,0 +1,124 @@
+"""Memory-safe RL (issue 10.4): masked LM head = full logits, the LoRA reference adapter,
+gradient checkpointing. The memory itself is measured by bench/memory.py, not here.
+
+    .venv/bin/pytest tests/test_rl_memory.py -q
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_trainer import TASKS, ToyEngine
+from toy_models import tiny_llama
+
+from rcgrpo.forward import scatter
+from rcgrpo.grpo.core_algos import policy_loss, token_entropy, token_logprobs
+from rcgrpo.grpo.trainer import RLConfig, Trainer
+from rcgrpo.models import PROFILES, ModelConfig, load_policy, save_policy
+
+
+def full_logits_loss(model, ids, attn, mask, old, ref, adv, temperature):
+    """The pre-issue-10 path: logits (B, T-1, V) at every position, entropy over all of them."""
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    logp = token_logprobs(logits / temperature, ids[:, 1:])  # (B, T-1)
+    loss, stats = policy_loss(logp, old, adv, mask, ref, entropy=token_entropy(logits.detach()))
+    return logp, loss, stats
+
+
+def test_masked_rl_path_gives_the_full_path_logprobs_loss_and_gradients(tmp_path):
+    torch.manual_seed(0)
+    model = tiny_llama(16, seed=3)
+    trainer = Trainer(SimpleNamespace(model=model), None, [], RLConfig(), temperature=0.7)
+    ids = torch.randint(0, 16, (3, 12))
+    attn = torch.ones_like(ids)
+    attn[2, 9:] = 0  # a padded row
+    mask = torch.zeros(3, 11)
+    mask[0, 4:7], mask[1, 8:], mask[2, 5:8] = 1, 1, 1  # ~1/3 of the positions sampled
+    old = (-torch.rand(3, 11)) * mask
+    ref = (-torch.rand(3, 11)) * mask
+    adv = torch.tensor([1.0, -0.5, 0.25])
+
+    model.train()
+    logp, logits, where = trainer._logprobs(model, ids, attn, mask)
+    entropy = scatter(token_entropy(logits.detach()), where)
+    loss, stats = policy_loss(logp, old, adv, mask, ref, entropy=entropy)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    full_logp, full_loss, full_stats = full_logits_loss(model, ids, attn, mask, old, ref, adv, 0.7)
+    full_loss.backward()
+
+    torch.testing.assert_close(logp, full_logp * mask, rtol=0, atol=1e-6)
+    assert abs(loss.item() - full_loss.item()) < 1e-6
+    assert stats == pytest.approx(full_stats, abs=1e-6)  # entropy included: sampled positions
+    assert stats["entropy"] > 0 and logits.shape == (int(mask.sum()), 16)  # (N, V), N = 9
+    for g, p in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad, rtol=0, atol=1e-6)
+    # the reference's log-probs through the trainer: the deep copy (full fine-tune) = the model
+    with torch.no_grad():
+        torch.testing.assert_close(trainer._ref_logprobs(ids, attn, mask), logp, atol=1e-6, rtol=0)
+
+
+def test_lora_reference_is_the_starting_adapter_not_the_base_nor_a_copy(tmp_path):
+    policy = load_policy(ModelConfig(profile="tiny", lora=True, lora_r=4, lora_alpha=8))
+    model = policy.model
+    with torch.no_grad():  # a fine-tuned start: adapter and reward-token rows away from the base
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    high = policy.reward_token_ids["<|high_reward|>"]
+    ids = torch.tensor([[1, 2, high, 5, 9, 3, 7, 2, 4]])
+    attn, mask = torch.ones_like(ids), torch.tensor([[0.0, 0, 0, 1, 1, 1, 0, 1]])
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    n_params = sum(p.numel() for p in model.parameters())
+    adapter_size = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    cfg = RLConfig(
+        out_dir=str(tmp_path), tasks_per_step=2, group_size=2, steps=1, lr=1e-2, advantage="sign"
+    )  # sign: every rollout moves the policy, even with all rewards 0
+    trainer = Trainer(policy, ToyEngine(policy), TASKS, cfg, temperature=1.0)
+    assert trainer.ref_model is None and trainer.ref_adapter == "reference"
+    # a second adapter, not a second model: the parameter count grows by one adapter
+    assert sum(p.numel() for p in model.parameters()) == n_params + adapter_size
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == trainable
+    with torch.no_grad():
+        start = trainer._logprobs(model, ids, attn, mask)[0]
+        torch.testing.assert_close(trainer._ref_logprobs(ids, attn, mask), start, rtol=0, atol=0)
+        with model.disable_adapter():  # the pre-fine-tuning base: a different model
+            base = trainer._logprobs(model, ids, attn, mask)[0]
+        assert not torch.allclose(base, start, atol=1e-4)
+
+    metrics = trainer.train_step(1)  # one real RL step: the policy moves, the reference stays
+    assert metrics["loss/kl"] == pytest.approx(0.0, abs=1e-6)  # ratio 1 vs ref before update
+    with torch.no_grad():
+        moved = trainer._logprobs(model, ids, attn, mask)[0]
+        assert not torch.allclose(moved, start, atol=1e-5)
+        torch.testing.assert_close(trainer._ref_logprobs(ids, attn, mask), start, rtol=0, atol=0)
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == trainable
+    assert model.active_adapter == "default"
+
+    saved = save_policy(policy, tmp_path / "final")  # the trained adapter only
+    assert not (saved / "reference").exists()
+    again = load_policy(policy.config, adapter_path=saved)
+    with torch.no_grad():
+        reloaded = trainer._logprobs(again.model.eval(), ids, attn, mask)[0]
+    torch.testing.assert_close(reloaded, moved, rtol=0, atol=1e-6)
+
+
+def test_gradient_checkpointing_is_on_for_gpu_profiles_and_changes_no_gradient():
+    assert PROFILES["qwen2.5-7b-instruct"].gradient_checkpointing
+    assert PROFILES["llama-3.1-8b-instruct"].gradient_checkpointing
+    assert not PROFILES["tiny"].gradient_checkpointing
+    assert not PROFILES["qwen-shape"].gradient_checkpointing
+    ids = torch.tensor([[1, 5, 9, 3, 7, 2, 4, 8]])
+    out = {}
+    for on in (False, True):
+        policy = load_policy(ModelConfig(profile="tiny", lora=True, gradient_checkpointing=on))
+        model = policy.model.train()
+        assert model.base_model.model.is_activation_checkpointing == on
+        model(input_ids=ids, labels=ids).loss.backward()
+        out[on] = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+    assert len(out[True]) == len(out[False]) > 0
+    for a, b in zip(out[False], out[True], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
