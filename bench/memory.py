@@ -153,7 +153,7 @@ def estimate(frac: float) -> None:
     ckpt = layers * tokens * d * 2  # checkpointing keeps each layer's bf16 input
     layer = tokens * (4 * d + 2 * kv + 3 * inter) * 2  # one layer recomputed: q,k,v,o,attn
     # out, gate/up/act (SDPA/flash attention: no T x T matrix)
-    per_logits = 4 * V * 4  # fp32 logits + logsumexp / log_softmax / exp copies, per position
+    per_logits = 4 * V * 4  # 4 fp32 (., V) copies per position: what the qwen-shape run measures
     rows = [
         ("weights bf16 (7.62e9 x 2 B)", w, w),
         (f"LoRA {lora / 1e6:.1f}M params x 16 B (fp32 w, grad, Adam m, v)", opt, opt),
@@ -191,7 +191,8 @@ def main() -> None:
     lengths = [int(x) for x in args.lengths.split(",")]
     print(f"qwen-shape, 1 sequence, {args.mask_frac:.0%} sampled; threads {args.threads}; "
           f"load {os.getloadavg()}; MemAvailable {status_available() / GB:.1f} GB")  # fmt: skip
-    print(f"{'tokens':>7} {'sampled':>7} {'new GB':>8} {'old GB':>8} {'new/old':>8}")
+    print(f"{'tokens':>7} {'sampled':>7} {'new GB':>8} {'old GB':>8} {'new/old':>8}   "
+          "peak in fp32 logits copies: new (N x V), old (T x V)")  # fmt: skip
     ratio = {}
     for T in lengths:
         new = measure("new", T, args.mask_frac, args.threads)
@@ -203,7 +204,11 @@ def main() -> None:
         else:
             assert abs(new["loss"] - old["loss"]) < 1e-4, (new, old)  # the same step
             old_txt, ratio[T] = f"{old['peak_gb']:.2f}", f"{new['peak_gb'] / old['peak_gb']:.3f}"
-        print(f"{T:>7} {new['sampled']:>7} {new['peak_gb']:>8.2f} {old_txt:>8} {ratio[T]:>8}")
+        copies = f"{new['peak_gb'] * GB / (new['sampled'] * V * 4):.2f}"
+        if "peak_gb" in old:  # what the estimate's "4 copies" per position rests on
+            copies += f", {old['peak_gb'] * GB / (T * V * 4):.2f}"
+        print(f"{T:>7} {new['sampled']:>7} {new['peak_gb']:>8.2f} {old_txt:>8} {ratio[T]:>8}   "
+              f"{copies}")  # fmt: skip
     print(f"load after: {os.getloadavg()}")
     estimate(args.mask_frac)
     last = max(lengths)

@@ -486,6 +486,8 @@ def add_reference_adapter(model) -> str:
     from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
     active = model.active_adapter
+    if REFERENCE_ADAPTER in model.peft_config:  # a second trainer on this model: the model now
+        model.delete_adapter(REFERENCE_ADAPTER)
     model.add_adapter(REFERENCE_ADAPTER, copy.deepcopy(model.peft_config[active]))
     state = get_peft_model_state_dict(model, adapter_name=active, save_embedding_layers=False)
     set_peft_model_state_dict(model, state, adapter_name=REFERENCE_ADAPTER)
