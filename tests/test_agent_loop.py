@@ -11,7 +11,7 @@ import pytest
 from rcgrpo.bfcl.executor import parse_calls
 from rcgrpo.bfcl.tasks import REVEAL_MESSAGE, get_task
 from rcgrpo.models import ModelConfig, load_policy
-from rcgrpo.trajectories.agent_loop import AgentLoop, Limits, render_example
+from rcgrpo.trajectories.agent_loop import AgentLoop, Limits, render_example, results
 from rcgrpo.trajectories.prompts import NEW_FUNCTIONS_HEADER, Renderer, format_calls
 from rcgrpo.trajectories.record import HIGH, LOW
 
@@ -78,6 +78,29 @@ def test_expert_episode_scores_and_masks(renderer, protocol):
         assert r.calls == [[t] if t else [] for t in gt]
     assert [m["role"] for m in r.messages].count("tool") >= 3  # observations were appended
     check_layout(loop, fed)
+
+
+def test_a_batch_of_loops_is_scored_as_each_loop_alone(renderer):
+    """`results` (what Engine.rollout calls: one scoring request per batch) gives every
+    rollout the rewards and reasons that `result()` gives it alone, protocols mixed."""
+    loops = []
+    for protocol in ("bfcl", "combined", "bfcl"):
+        for name in ("multi_turn_base_0", "multi_turn_base_15"):
+            task = get_task(name)
+            loop = AgentLoop(task, renderer, protocol, HIGH, Limits(max_total_tokens=8192))
+            if len(loops) % 3:
+                expert(loop, task, protocol)  # passes
+            else:
+                say(loop, "[ls(a=1)]")  # a wrong call, then the turn / episode ends
+                while loop.pending() is not None:
+                    say(loop, "I cannot help.")
+            loops.append(loop)
+    batched = [r.trajectory for r in results(loops)]
+    alone = [loop.result().trajectory for loop in loops]
+    assert [(t.paper_reward, t.bfcl_reward, t.reward_reason) for t in batched] == [
+        (t.paper_reward, t.bfcl_reward, t.reward_reason) for t in alone
+    ]
+    assert {t.paper_reward for t in alone} == {0, 1}
 
 
 def test_reward_token_single_id_in_prompt_and_masked(policy, renderer):

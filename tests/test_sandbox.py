@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from rcgrpo.bfcl.checkers import ground_truth_calls, score
+from rcgrpo.bfcl.checkers import ground_truth_calls, score, score_many
+from rcgrpo.bfcl.conformance import cases
 from rcgrpo.bfcl.environment import STEP_ENDED, Episode
 from rcgrpo.bfcl.sandbox import EnvConfig, Sandbox, SandboxError, configured
 from rcgrpo.bfcl.tasks import get_task
@@ -201,6 +202,27 @@ def test_scoring_a_trajectory_with_a_hostile_call_does_not_hang(sandbox):
     paper, bfcl = score(task, calls, sandbox=sandbox)
     assert time.monotonic() - start < LIMIT + SLACK
     assert paper.passed and bfcl.passed  # the overrun changed nothing; the replay went on
+
+
+def test_a_batch_scores_as_one_request_per_trajectory_even_with_a_hostile_call(sandbox):
+    """score_many (how a rollout batch is scored) gives each trajectory the verdicts `score`
+    gives it alone; a hostile call in the middle item is killed, and only that call is skipped:
+    the items before and after it (model calls numbered across the batch) are unchanged."""
+    tasks = [get_task(t) for t in (MATH, FS, TRADE, TRAVEL)]
+    items = [(task, traj) for task, _, traj in cases(tasks, 2, 0)]  # passing and failing ones
+    hostile = ground_truth_calls(tasks[0])
+    first = next(i for i, t in enumerate(hostile) if t)
+    hostile[first] = [[POWER], *hostile[first]]
+    items.insert(len(items) // 2, (tasks[0], hostile))
+    alone = [score(task, traj, sandbox=sandbox) for task, traj in items]
+    restarts = sandbox.restarts
+    start = time.monotonic()
+    batched = score_many(items, sandbox=sandbox)
+    assert time.monotonic() - start < LIMIT + SLACK
+    assert sandbox.restarts == restarts + 1  # one kill, for the one hostile call
+    assert batched == alone
+    assert {v.passed for pair in alone for v in pair} == {True, False}  # both kinds are in it
+    assert batched[len(items) // 2][0].passed  # the overrun changed nothing
 
 
 def test_a_failure_of_our_own_code_in_the_worker_is_raised_and_the_worker_survives(sandbox):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from rcgrpo.bfcl.tasks import Task
 from rcgrpo.trajectories.agent_loop import AgentLoop, Limits, Rollout
+from rcgrpo.trajectories.agent_loop import results as scored_results
 from rcgrpo.trajectories.prompts import Renderer
 from rcgrpo.trajectories.record import Provenance
 
@@ -153,7 +154,7 @@ class Engine:
                     steps[i] += 1
                     if loops[i].pending() is None:
                         self.finished(loops[i].ids)
-        results = [loop.result() for loop in loops]
+        results = scored_results(loops)  # one scoring request for the whole batch
         check_sampled(results, self.cfg.max_total_tokens)
         return results
 
