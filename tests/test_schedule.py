@@ -10,6 +10,7 @@ versions, write the report) so it completes in seconds; the e2e test runs the re
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -148,3 +149,48 @@ def test_a_foreign_origin_and_a_post_without_csrf_token_are_refused(server):
 
     made, names = asyncio.run(client_path())
     assert made and "made-by-the-client" in names and "planted-by-a-web-page" not in names
+
+
+EPHEMERAL = """
+import json, sys, urllib.request
+from rcgrpo.runtime import apply_defaults
+apply_defaults()
+from prefect import flow, task
+from prefect.server.api.server import SubprocessASGIServer
+
+@task
+def one():
+    return 1
+
+@flow
+def tiny():
+    return one()
+
+def call(url, method="GET", body=None):
+    headers = {"Origin": "http://evil.example", "Content-Type": "application/json"}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, body, headers, method=method)) as r:
+            return r.status, r.headers.get("access-control-allow-origin")
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("access-control-allow-origin")
+
+result = tiny()  # starts the ephemeral server; the flow's client must work under CSRF
+api = SubprocessASGIServer().api_url
+print(json.dumps({"result": result, "health": call(api + "/health"),
+                  "post": call(api + "/flows/", "POST", b'{"name": "planted"}')}))
+"""
+
+
+def test_the_ephemeral_server_of_a_flow_run_refuses_other_origins(tmp_path):
+    """Issue 12: `rcgrpo run` without `rcgrpo ui` runs its flows on Prefect's ephemeral server,
+    which kept Prefect's defaults (CORS *, CSRF off). With the project defaults a flow still
+    completes; a foreign page gets no CORS grant and its POST is refused."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", EPHEMERAL], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=project_root())  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["result"] == 1
+    assert seen["health"] == [200, None]  # answered, but the browser hides it from the page
+    assert seen["post"] == [403, None]  # no CSRF token: refused

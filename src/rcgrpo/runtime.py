@@ -24,6 +24,11 @@ DEFAULTS = {
     "TOKENIZERS_PARALLELISM": "false",
     # 2 cores: the ephemeral Prefect server needs longer than its 20 s default to start.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    # The ephemeral server a flow run starts (no PREFECT_API_URL) has no UI, so no page of any
+    # origin may call it (Prefect's default is CORS "*"), and CSRF tokens are required (its own
+    # client fetches them). `rcgrpo ui` sets its UI's origin instead (rcgrpo.servers).
+    "PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS": "",
+    "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED": "true",
 }
 
 
