@@ -193,3 +193,60 @@ def test_sft_drops_and_counts_examples_over_max_len():
         assert len(fit(data, 0)) == 3 and len(fit(data, 50)) == 3
     with pytest.raises(ValueError, match="dropped 3 of 3"):
         fit(data, 5)
+
+
+def test_pretrained_weights_shorter_than_the_budget_get_yarn_positions(qwen, tmp_path):
+    """Qwen2.5-7B has 32,768 trained positions, the 7B budget is 81,920 + 1,536 tokens: the
+    qwen2.5-7b-instruct profile with the qwen-shape folder as its weights (model.path, the
+    stand-in of the same shape) gets YaRN covering the budget, in the trainer's model and in
+    the folder vLLM serves; the qwen-shape profile keeps plain RoPE (the default run is
+    unchanged)."""
+    from transformers import AutoConfig
+
+    from rcgrpo.models import base_source, export_for_serving
+
+    assert qwen.model.config.rope_parameters["rope_type"] == "default"
+    folder = base_source(ModelConfig(profile="qwen-shape"))
+    cfg = ModelConfig(profile="qwen2.5-7b-instruct", path=folder)
+    pretrained = load_policy(cfg)
+    rope = pretrained.model.config.rope_parameters
+    seven_b = PROFILES["qwen2.5-7b-instruct"]
+    budget = seven_b.max_total_tokens + seven_b.max_new_tokens
+    assert budget == 83_456
+    assert rope["rope_type"] == "yarn" and rope["original_max_position_embeddings"] == 32_768
+    assert rope["factor"] == 2.547 and rope["rope_theta"] == 1_000_000.0  # ceil(83456/32768, 3)
+    assert pretrained.model.config.max_position_embeddings == budget
+    # YaRN is live: attention scaled by 0.1 ln(factor) + 1, so the outputs differ from plain RoPE
+    rotary = pretrained.model.base_model.model.model.rotary_emb
+    assert rotary.attention_scaling == pytest.approx(0.1 * torch.log(torch.tensor(2.547)) + 1)
+    ids = torch.tensor([list(range(100, 164))])
+    with torch.no_grad():
+        plain, yarn = qwen.model(ids).logits, pretrained.model(ids).logits
+    assert torch.isfinite(yarn).all() and not torch.allclose(plain, yarn, atol=1e-3)
+    # the same positions reach vLLM (config.json of the served base) and a reloaded adapter
+    served = AutoConfig.from_pretrained(export_for_serving(pretrained, tmp_path / "serve"))
+    assert served.rope_parameters == rope
+    save_policy(pretrained, tmp_path / "policy")
+    reloaded = load_policy(cfg, adapter_path=tmp_path / "policy")
+    assert reloaded.model.config.rope_parameters == rope
+
+
+def test_extend_positions_leaves_long_or_scaled_models_alone():
+    from transformers import LlamaConfig, Qwen2Config
+
+    from rcgrpo.long_context import extend_positions
+
+    short = Qwen2Config(max_position_embeddings=32_768)
+    assert extend_positions(short, 32_768) is None  # long enough
+    assert extend_positions(short, 40_000) == 1.221  # ceil(40000 / 32768, 3)
+    assert extend_positions(short, 40_000) is None  # already covers it: idempotent
+    llama = LlamaConfig(
+        max_position_embeddings=131_072,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192},
+    )  # fmt: skip
+    assert extend_positions(llama, 83_456) is None  # Llama 3.1: 131,072 positions already
+    with pytest.warns(UserWarning, match="llama3 rope"):
+        assert extend_positions(llama, 200_000) is None
+    assert llama.rope_parameters["rope_type"] == "llama3"

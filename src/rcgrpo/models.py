@@ -66,8 +66,8 @@ class Profile:
 # The long episodes are long_context tasks whose tool observations are long; the longest message
 # writes a file's content. Each budget covers the longest case with a margin, so the ceiling of
 # the defaults is 800/800 (README, "Token budgets"). An SFT example as long as an episode fits.
-# The 7B profiles share qwen-shape's budgets: Qwen2.5-7B's 32k native positions need its YaRN
-# rope scaling (factor 4) for the longest episodes (not set here).
+# The 7B profiles share qwen-shape's budgets: Qwen2.5-7B's 32k native positions get YaRN rope
+# scaling up to the budget when loaded (rcgrpo.long_context).
 _FULL = {"max_new_tokens": 1536, "max_total_tokens": 81920, "sft_max_len": 81920}
 _TINY = {"max_new_tokens": 2048, "max_total_tokens": 73728, "sft_max_len": 73728}
 
@@ -250,6 +250,21 @@ def base_source(cfg: ModelConfig) -> str:
     return profile.path
 
 
+def _model_config(cfg: ModelConfig, weights: str):
+    """The model's config, with YaRN positions when the profile's pretrained weights (a hub or
+    GGUF profile, from the hub or model.path) are shorter than its episode budget
+    (rcgrpo.long_context). Built-here profiles keep plain RoPE, whatever folder they load."""
+    from transformers import AutoConfig
+
+    from rcgrpo.long_context import extend_positions
+
+    config = AutoConfig.from_pretrained(weights)
+    profile = PROFILES[cfg.profile]
+    if profile.source in ("hub", "gguf"):
+        extend_positions(config, profile.max_total_tokens + profile.max_new_tokens)
+    return config
+
+
 def _renders_tools(tokenizer) -> bool:
     """Whether the tokenizer's own chat template shows a tool passed in `tools=`."""
     if not tokenizer.chat_template:
@@ -336,7 +351,9 @@ def load_policy(cfg: ModelConfig, adapter_path: str | Path | None = None) -> Pol
     dtype = getattr(torch, cfg.dtype)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(adapter) if adapter else source)
-        model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(
+            weights, config=_model_config(cfg, weights), dtype=dtype
+        )
     except OSError as e:
         raise FileNotFoundError(
             f"could not load model {weights!r} for profile {cfg.profile!r} ({e}). The hub is "
@@ -439,8 +456,11 @@ def export_for_serving(policy: Policy, folder: str | Path) -> Path:
     if policy.is_lora:
         from transformers import AutoModelForCausalLM
 
+        source = base_source(policy.config)
         base = AutoModelForCausalLM.from_pretrained(
-            base_source(policy.config), dtype=getattr(torch, policy.config.dtype)
+            source,
+            config=_model_config(policy.config, source),
+            dtype=getattr(torch, policy.config.dtype),
         )
         _register_tokens(policy.tokenizer, base, list(REWARD_TOKENS))
         with torch.no_grad():
