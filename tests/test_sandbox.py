@@ -247,6 +247,41 @@ def test_limits_come_from_params_yaml_and_bad_values_are_refused():
         load_section("env", EnvConfig, overrides={"timeout": 1})
 
 
+CHILD = f"""
+import json, time
+from rcgrpo.bfcl.environment import Episode
+from rcgrpo.bfcl.tasks import get_task
+from rcgrpo.config import export_process_sets, parse_sets
+export_process_sets(parse_sets(["env.tool_timeout_s=0.5", "execution.workers=3"], sectioned=True))
+from rcgrpo.config import load_section
+from rcgrpo.execution import ExecutionConfig
+start = time.monotonic()
+step = Episode(get_task("{MATH}")).step("{POWER}")  # its tool worker is a child of this one
+print(json.dumps([step.observations[0], time.monotonic() - start,
+                  load_section("execution", ExecutionConfig).workers]))
+"""
+
+
+def test_set_env_reaches_the_tool_worker_and_bad_values_fail_at_once():
+    """`rcgrpo run --set env.tool_timeout_s=0.5`: the CLI checks the pair, exports it, and the
+    tool worker a child process starts kills `power` after 0.5 s, not params.yaml's 5 s."""
+    from rcgrpo.config import ConfigError, parse_sets
+
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                         timeout=120, env={k: v for k, v in os.environ.items()
+                                           if k != "RCGRPO_PROCESS_SETS"})  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    observation, seconds, workers = json.loads(out.stdout.strip().splitlines()[-1])
+    assert observation == "Error during execution: timed out after 0.5s"
+    assert seconds < 0.5 + SLACK and workers == 3
+    with pytest.raises(ConfigError, match=r"--set env.tool_timeout_s: .*must be > 0"):
+        parse_sets(["env.tool_timeout_s=0"], sectioned=True)
+    with pytest.raises(ConfigError, match="did you mean 'tool_timeout_s'"):
+        parse_sets(["env.tool_timeout=1"], sectioned=True)
+    with pytest.raises(ConfigError, match="is not a"):
+        parse_sets(["execution.workers=many"], sectioned=True)
+
+
 @pytest.mark.slow
 def test_env_run_cli_returns_on_the_issue_reproductions(tmp_path: Path):
     calls = tmp_path / "calls.json"

@@ -92,11 +92,46 @@ def build(cls, values: dict, where: str):
 
 
 def load_section(section: str, cls, path: Path | None = None, overrides: dict | None = None):
-    """The dataclass for `section` of params.yaml, with `overrides` applied on top."""
+    """The dataclass for `section` of params.yaml, with `overrides` applied on top (and, for a
+    process-wide section, the `--set`s the CLI exported: see `export_process_sets`)."""
     params = read_params(path)
     values = dict(params.get(section) or {})
+    if section in PROCESS_SECTIONS:
+        values.update(_exported().get(section, {}))
     values.update(overrides or {})
     return build(cls, values, f"{path or params_path()}:{section}")
+
+
+# Sections read deep inside, in whatever process does the work (a tool worker, a Ray actor, a
+# Prefect task), not passed down as flow parameters: the CLI exports their `--set`s in this
+# environment variable, which every child process inherits.
+PROCESS_SECTIONS = ("env", "execution")
+PROCESS_SETS_ENV = "RCGRPO_PROCESS_SETS"
+
+
+def export_process_sets(overrides: dict) -> None:
+    """Make the `--set env.* / execution.*` of this command hold in this process and in every
+    process it starts (call before any of them starts: the tool worker reads them once)."""
+    import json
+    import os
+
+    chosen = {k: overrides[k] for k in PROCESS_SECTIONS if overrides.get(k)}
+    if chosen:
+        os.environ[PROCESS_SETS_ENV] = json.dumps(chosen)
+
+
+def _exported() -> dict:
+    import json
+    import os
+
+    raw = os.environ.get(PROCESS_SETS_ENV, "")
+    try:
+        value = json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise ConfigError(f"${PROCESS_SETS_ENV} is not a JSON object of sections: {raw[:80]!r}")
+    return value
 
 
 # params.yaml section -> its dataclass ("module:Class", imported only when a --set names it)
@@ -108,6 +143,8 @@ SECTIONS = {
     "model": "rcgrpo.models:ModelConfig",
     "rollout": "rcgrpo.engines:RolloutConfig",
     "dataset": "rcgrpo.trajectories.dataset:DatasetConfig",
+    "env": "rcgrpo.bfcl.sandbox:EnvConfig",
+    "execution": "rcgrpo.execution:ExecutionConfig",
 }
 
 

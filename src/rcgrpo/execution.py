@@ -211,9 +211,13 @@ def session(cfg: ExecutionConfig | None = None):
 
     started = False
     if not ray.is_initialized():
+        from rcgrpo.config import PROCESS_SETS_ENV
         from rcgrpo.runtime import DEFAULTS
 
-        env = {"runtime_env": {"env_vars": dict(DEFAULTS)}}
+        env_vars = dict(DEFAULTS)  # and the CLI's --set env.* for the actors' tool workers
+        if PROCESS_SETS_ENV in os.environ:
+            env_vars[PROCESS_SETS_ENV] = os.environ[PROCESS_SETS_ENV]
+        env = {"runtime_env": {"env_vars": env_vars}}
         try:
             ray.init(address=cfg.address, **env)
         except ConnectionError:  # auto and no running cluster: a local one, stopped at the end

@@ -73,7 +73,9 @@ def run(
     _enter_project()
     overrides = _overrides([*set_, *([f"model.profile={profile}"] if profile else [])])
     from flows.pipeline import pipeline_flow, plan_run
-    from rcgrpo.config import ConfigError
+    from rcgrpo.config import ConfigError, export_process_sets
+
+    export_process_sets(overrides)  # env.* / execution.*: read by tool workers and Ray actors
 
     chosen = [s.strip() for s in stages.split(",") if s.strip()] or None
     try:  # every section as it will run, checked before a Prefect server or MLflow run starts
