@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from rcgrpo.publishing import publish
+from rcgrpo.rollback import rollback
 from rcgrpo.trajectories.dataset import DatasetConfig, build_folder
 from rcgrpo.versioning import (
     BuildLocked,
@@ -23,7 +24,6 @@ from rcgrpo.versioning import (
     file_md5s,
     init_project,
     listing,
-    rollback,
     staging_dir,
     versions,
 )

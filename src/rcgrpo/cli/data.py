@@ -90,8 +90,8 @@ def rollback(
     root: Path | None = typer.Option(None, help="project root (default: checkout)"),
 ) -> None:
     """Restore data/ to the version committed at REV, byte for byte, and say what changed."""
+    from rcgrpo.rollback import rollback as do_rollback
     from rcgrpo.versioning import VersioningError
-    from rcgrpo.versioning import rollback as do_rollback
 
     try:
         change = do_rollback(rev, _root(root))
