@@ -111,7 +111,7 @@ def _function(episode: LocalEpisode, name: str):
 def ground_truth_run(task: Task) -> GroundTruthRun:
     """Execute the ground truth once per task and keep results, states and bound calls (the
     dataset's own calls, in this process; inside the worker they are timed as trusted calls)."""
-    from rcgrpo.bfcl.sandbox import _trusted_guard
+    from rcgrpo.bfcl.tool_worker import _trusted_guard
 
     episode = LocalEpisode(task, hide_missed=False)
     episode.guard = _trusted_guard
