@@ -222,7 +222,7 @@ def results(loops: list[AgentLoop]) -> list[Rollout]:
 
     One round trip to the sandbox worker per trajectory costs ~0.2 ms of process switches on
     top of ~0.25 ms of replay; a rollout batch (an RL step's n x G episodes, an evaluation
-    shard) shares them (bench/executor.py: "rollout batch"). Verdicts equal `result()`'s.
+    shard) shares them (bench/executor.py, the k = 40 row). Verdicts equal `result()`'s.
     """
     verdicts: list = [None] * len(loops)
     for protocol in dict.fromkeys(loop.protocol for loop in loops):
