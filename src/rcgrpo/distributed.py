@@ -1,8 +1,9 @@
 """Multi-process training through accelerate: data-parallel ranks, one update = the 1-process one.
 
 accelerate enters the project here and nowhere else. With one process (plain `rcgrpo train ...`,
-no WORLD_SIZE > 1 in the environment) `launched()` is False, accelerate is never imported and
-the training loops run exactly as before. Under `accelerate launch` every rank loads the same
+no WORLD_SIZE > 1 in the environment) `launched()` is False, `for_training` gives `Single`
+(same interface, plain backward and clipping), accelerate is never imported and the training
+loops run exactly as a loop without it. Under `accelerate launch` every rank loads the same
 seeded model and data and computes the same batch schedule; each optimizer batch's micro-batches
 are split between the ranks (contiguous shares, accelerate's split_between_processes), the model
 is wrapped by `accelerator.prepare` (DDP; FSDP when the accelerate config says so) and the
@@ -42,6 +43,11 @@ import contextlib
 import os
 
 import torch
+
+
+def for_training(model: torch.nn.Module, optimizer, params: list) -> Ranks | Single:
+    """The ranks of this training loop: `Ranks` under `accelerate launch`, else `Single`."""
+    return Ranks(model, optimizer) if launched() else Single(model, params)
 
 
 def launched() -> bool:
@@ -111,6 +117,37 @@ class Ranks:
 
         box = [obj if self.rank == 0 else None]
         return broadcast_object_list(box, from_process=0)[0]
+
+
+class Single:
+    """One process: the interface of `Ranks`, doing what a plain loop does (accelerate is never
+    imported; every share has weight 1.0, so the numbers are those of a loop without it)."""
+
+    rank, world = 0, 1
+
+    def __init__(self, model: torch.nn.Module, params: list):
+        self.inner, self.params = model, params
+
+    def forward(self, fn, *args):
+        return fn(self.inner, *args)
+
+    def share(self, micro_batches: list) -> list[tuple[object, float]]:
+        return [(m, 1.0) for m in micro_batches]
+
+    def syncing(self, i: int, n: int):
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def clip(self, max_norm: float) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+
+    def sum(self, values: list[float]) -> list[float]:
+        return list(values)
+
+    def broadcast(self, obj):
+        return obj
 
 
 class _Call(torch.nn.Module):

@@ -160,9 +160,8 @@ def train_sft(
     start = 0
     if resume and (ckpt := checkpoint.latest(cfg.out_dir)) is not None:
         start = checkpoint.load(ckpt, model, optimizer, scheduler)["step"]
-    ranks = None  # under `accelerate launch`: each rank takes its share of the micro-batches
-    if distributed.launched():
-        ranks = distributed.Ranks(model, optimizer)
+    # under `accelerate launch` each rank takes its share of the micro-batches; else all of them
+    ranks = distributed.for_training(model, optimizer, params)
     model.train()
     history = []
     for step in range(start, len(schedule)):
@@ -174,24 +173,16 @@ def train_sft(
         micro = [
             batch[i : i + cfg.micro_batch_size] for i in range(0, len(batch), cfg.micro_batch_size)
         ]
-        if ranks is None:
-            for mb in micro:
-                ids, mask, attn = pad(mb, pad_id)
-                loss = summed_ce(model, ids, mask, attn) / max(1, n_tokens)
-                loss.backward()
-                total += loss.item()
-            clip = torch.nn.utils.clip_grad_norm_
-            grad_norm = clip(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        else:  # same global normalisation (n_tokens of the whole batch), summed over ranks
-            mine = ranks.share(micro)
-            for k, (mb, weight) in enumerate(mine):
-                ids, mask, attn = pad(mb, pad_id)
-                with ranks.syncing(k, len(mine)):  # forward and backward: DDP arms in forward
-                    loss = ranks.forward(summed_ce, ids, mask, attn) / max(1, n_tokens) * weight
-                    ranks.backward(loss)
-                total += loss.item()
-            (total,) = ranks.sum([total])
-            grad_norm = ranks.clip(cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        # the global normalisation (n_tokens of the whole batch) on every rank, summed over them
+        mine = ranks.share(micro)
+        for k, (mb, weight) in enumerate(mine):
+            ids, mask, attn = pad(mb, pad_id)
+            with ranks.syncing(k, len(mine)):  # forward and backward: DDP arms in forward
+                loss = ranks.forward(summed_ce, ids, mask, attn) / max(1, n_tokens) * weight
+                ranks.backward(loss)
+            total += loss.item()
+        (total,) = ranks.sum([total])
+        grad_norm = ranks.clip(cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()

@@ -22,7 +22,6 @@ The paper's comparisons are one field away: `init` sft|rctp, `conditioning` none
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import time
@@ -175,9 +174,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
         )
-        self.ranks = None  # under `accelerate launch`: rank 0 rolls out, ranks share updates
-        if distributed.launched():
-            self.ranks = distributed.Ranks(self.model, self.optimizer)
+        # under `accelerate launch`: rank 0 rolls out, ranks share updates (else one does all)
+        self.ranks = distributed.for_training(self.model, self.optimizer, self.params)
         tok = getattr(policy, "tokenizer", None)
         self.pad_id = getattr(tok, "pad_token_id", None) or 0
         self.step = 0
@@ -230,12 +228,12 @@ class Trainer:
         tasks, tokens = self.draw(step)
         G = cfg.group_size
         flat_tasks = [t for t in tasks for _ in range(G)]  # group-major, matches tokens
-        if self.ranks is None or self.ranks.rank == 0:
+        rollouts = None
+        if self.ranks.rank == 0:
             rollouts = self.engine.rollout(
                 flat_tasks, tokens, cfg.protocol, step_seed(cfg.seed, step)
             )
-        if self.ranks is not None:  # the 1-process batch, sampled once (rcgrpo.distributed)
-            rollouts = self.ranks.broadcast(rollouts if self.ranks.rank == 0 else None)
+        rollouts = self.ranks.broadcast(rollouts)  # the 1-process batch, sampled once
         t_roll = time.perf_counter() - t0
         scores = [self.score_fn(t, r) for t, r in zip(flat_tasks, rollouts, strict=True)]
         col = 0 if cfg.reward == "paper" else 1
@@ -280,15 +278,12 @@ class Trainer:
             total = sum(size(c) for c in mini).clamp(min=1)
             upd: dict[str, float] = {}
             # (micro-batch, 1.0); under accelerate this rank's share, + zero-weight padding
-            mine = [(c, 1.0) for c in mini] if self.ranks is None else self.ranks.share(mini)
+            mine = self.ranks.share(mini)
             for i, (c, share) in enumerate(mine):
-                one = self.ranks is None  # ranks: all-reduce on the last micro-batch only
-                with contextlib.nullcontext() if one else self.ranks.syncing(i, len(mine)):
+                # under accelerate: through the DDP/FSDP wrapper, all-reduced on the last one
+                with self.ranks.syncing(i, len(mine)):
                     args = (ids[c], attn[c], mask[c])
-                    if one:
-                        logp, logits, where = self._logprobs(self.model, *args)
-                    else:  # through the DDP/FSDP wrapper, which all-reduces in backward
-                        logp, logits, where = self.ranks.forward(self._logprobs, *args)
+                    logp, logits, where = self.ranks.forward(self._logprobs, *args)
                     loss, stats = policy_loss(
                         logp,
                         old[c],
@@ -303,19 +298,14 @@ class Trainer:
                     )
                     # token (or sequence) share within the GLOBAL mini-batch
                     w = size(c) / total * share
-                    if one:
-                        (loss * w).backward()
-                    else:
-                        self.ranks.backward(loss * w)
+                    self.ranks.backward(loss * w)
                 stats["total"] = loss.item()
                 for k, v in stats.items():
                     upd[k] = upd.get(k, 0.0) + float(w) * v
             max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-            if self.ranks is None:
-                upd["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-            else:  # the mini-batch's stats: sums over the ranks' shares
-                upd = dict(zip(upd, self.ranks.sum(list(upd.values())), strict=True))
-                upd["grad_norm"] = float(self.ranks.clip(max_norm))
+            # the mini-batch's stats: sums over the ranks' shares
+            upd = dict(zip(upd, self.ranks.sum(list(upd.values())), strict=True))
+            upd["grad_norm"] = float(self.ranks.clip(max_norm))
             self.optimizer.step()
             self.updates.append(upd)
         self.scheduler.step()
