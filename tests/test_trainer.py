@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -89,6 +90,21 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, over):
     assert len(lines) == 4  # step 3's first try was dropped, not duplicated
     assert full[-1]["loss/grad_norm"] > 0
     assert full[-1]["loss/optimizer_steps"] == (4 if over else 1)
+
+
+def test_a_fresh_run_in_the_same_out_dir_replaces_the_old_metrics(tmp_path):
+    """`make run` twice: outputs/rl/metrics.jsonl held both runs' steps (40 rows for 20 steps),
+    and metrics.json's run means averaged the two runs."""
+    from rcgrpo.grpo.run import write_summary
+
+    run(tmp_path, steps=2, lr=1e-3)
+    _, second = run(tmp_path, steps=3)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [deterministic(r) for r in rows] == [{"step": i + 1, **deterministic(m)}
+                                                for i, m in enumerate(second)]  # fmt: skip
+    mean = sum(m["reward/mean"] for m in second) / 3
+    assert write_summary(tmp_path)["reward/mean_run_mean"] == pytest.approx(mean)
 
 
 def test_rc_tokens_and_metrics(tmp_path):

@@ -364,20 +364,25 @@ class Trainer:
             return 0
         self.step = checkpoint.load(ckpt, self.model, self.optimizer, self.scheduler)["step"]
         self.engine.sync(self.policy)
-        # forget metrics logged after the checkpoint: they are recomputed identically
+        return self.step
+
+    def _trim_metrics(self) -> None:
+        """metrics.jsonl keeps steps 1..self.step only: after a resume the steps past the
+        checkpoint are recomputed identically; a fresh run (step 0) starts an empty file
+        instead of appending to an earlier run's (write_summary averages the whole file)."""
         path = self.out / "metrics.jsonl"
         if path.exists() and distributed.is_main():
             kept = [
                 ln for ln in path.read_text().splitlines() if json.loads(ln)["step"] <= self.step
             ]
             path.write_text("".join(ln + "\n" for ln in kept))
-        return self.step
 
     def train(self, resume: bool = False, stop_after: int | None = None) -> list[dict]:
         """Run to cfg.steps (or stop after step `stop_after`, for tests); returns new metrics."""
         self.out.mkdir(parents=True, exist_ok=True)
         if resume:
             self.resume()
+        self._trim_metrics()
         history = []
         last = self.cfg.steps if stop_after is None else min(stop_after, self.cfg.steps)
         for step in range(self.step + 1, last + 1):
