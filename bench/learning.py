@@ -5,7 +5,7 @@ What it measures, per seed (default 0, 1, 2), on the CPU with the `cpu` preset o
   1. one base model (tiny profile, seeded) and one dataset (the preset's 8 short train tasks,
      experts + 1:1 perturbation failures, built by the real dataset code, no data/ needed);
   2. plain SFT (experts, no goal) and RCTP-FT (mixed set, goals) from that same base model;
-  3. the four variants of rcgrpo.variants from those two models: SFT+GRPO, SFT+RC-GRPO,
+  3. the four variants of rcgrpo.evaluation.variants from those two models: SFT+GRPO, SFT+RC-GRPO,
      RCTP+GRPO (goal always <|high_reward|>), RCTP+RC-GRPO, each with the same RL steps, tasks
      per step and G: an equal rollout budget (the paper gave its GRPO baseline a smaller batch);
   4. success on the RL tasks before and after RL: combined protocol (the training one), paper
@@ -47,8 +47,8 @@ def preset_section(params: dict, preset: str, section: str, cls, extra: dict | N
 
 def build_data(params: dict, preset: str, folder: Path):
     """The preset's train tasks and their mixed (RCTP) and expert (SFT) records."""
-    from rcgrpo.trajectories.dataset import DatasetConfig, build_folder, tasks_of
-    from rcgrpo.trajectories.record import read_jsonl
+    from rcgrpo.chat.record import read_jsonl
+    from rcgrpo.data.dataset import DatasetConfig, build_folder, tasks_of
 
     cfg = preset_section(params, preset, "dataset", DatasetConfig,
                          {"test_tasks": 4, "rollouts": "off", "commit": False, "push": False})  # fmt: skip
@@ -58,8 +58,9 @@ def build_data(params: dict, preset: str, folder: Path):
 
 
 def fine_tune(mode: str, records, params, preset, seed: int, out: Path, epochs: int = 0):
-    from rcgrpo.models import ModelConfig, load_policy
-    from rcgrpo.sft import SFTConfig, render_examples, train_sft
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.training.sft import SFTConfig, render_examples, train_sft
 
     policy = load_policy(ModelConfig(seed=seed))  # the same base weights for both modes
     extra = {"seed": seed, "out_dir": str(out)} | ({"epochs": epochs} if epochs else {})
@@ -77,8 +78,8 @@ def success(policy, rollout_cfg, tasks, token: str, out: Path) -> dict:
     combined protocol; greedy (the evaluation default) and SAMPLES seeds at temperature 1."""
     from dataclasses import replace
 
-    from rcgrpo.engines import make_engine
-    from rcgrpo.evaluation import EvalConfig, evaluate
+    from rcgrpo.evaluation.evaluate import EvalConfig, evaluate
+    from rcgrpo.rollout.execution import make_engine
 
     counts = {}
     for name, temperature, seeds in (("greedy", 0.0, (0,)), ("sampled", 1.0, range(SAMPLES))):
@@ -94,9 +95,9 @@ def success(policy, rollout_cfg, tasks, token: str, out: Path) -> dict:
 
 
 def run_variant(name, start, tasks, params, preset, seed, rollout_cfg, steps, out: Path) -> dict:
-    from rcgrpo.engines import make_engine
-    from rcgrpo.grpo.trainer import RLConfig, Trainer
-    from rcgrpo.variants import get_variant
+    from rcgrpo.evaluation.variants import get_variant
+    from rcgrpo.rollout.execution import make_engine
+    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
 
     v = get_variant(name)
     policy = copy.deepcopy(start)  # every variant of an init starts from the same weights
@@ -120,7 +121,7 @@ def run_variant(name, start, tasks, params, preset, seed, rollout_cfg, steps, ou
 
 
 def plot(results: dict, path: Path) -> Path:
-    from rcgrpo.report import pyplot
+    from rcgrpo.tracking.report import pyplot
 
     plt = pyplot()
 
@@ -144,7 +145,7 @@ def plot(results: dict, path: Path) -> Path:
 
 
 def fmt(k: int, n: int) -> str:
-    from rcgrpo.stats import wilson
+    from rcgrpo.evaluation.stats import wilson
 
     lo, hi = wilson(k, n)
     return f"{k:2d}/{n} = {100 * k / n:5.1f}% [{100 * lo:4.1f}, {100 * hi:5.1f}]"
@@ -163,7 +164,7 @@ def main() -> None:
     import torch
 
     from rcgrpo.config import read_params
-    from rcgrpo.engines import RolloutConfig
+    from rcgrpo.rollout.engine import RolloutConfig
 
     params, t0, out = read_params(), time.perf_counter(), Path(args.out)
     rollout_cfg = preset_section(params, args.preset, "rollout", RolloutConfig)

@@ -1,6 +1,6 @@
 """Benchmark (not a test): peak memory of one RL step, masked LM head vs full logits (issue 10.4).
 
-What: one RL step of rcgrpo.grpo.trainer on the `qwen-shape` profile (Qwen2.5's 152,064-row
+What: one RL step of rcgrpo.training.grpo.trainer on the `qwen-shape` profile (Qwen2.5's 152,064-row
 padded vocabulary and untied head on a tiny Qwen2, LoRA as the 7B profile), one sequence of
 2k / 4k / 8k tokens with ~10 % of the positions sampled (loss mask 1, in 64-token assistant
 turns, as in tool-calling data): pi_old and reference log-probs (no grad), then forward +
@@ -60,7 +60,7 @@ def batch(T: int, frac: float):
 
 def old_logprobs(model, ids, attn):
     """The pre-issue-10 Trainer._logprobs: full logits (B, T-1, V) (temperature 1)."""
-    from rcgrpo.grpo.core_algos import token_logprobs
+    from rcgrpo.training.grpo.core_algos import token_logprobs
 
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
     return token_logprobs(logits, ids[:, 1:]), logits
@@ -71,10 +71,11 @@ def child(path: str, T: int, frac: float) -> dict:
 
     import torch
 
-    from rcgrpo.forward import scatter
-    from rcgrpo.grpo.core_algos import policy_loss, token_entropy
-    from rcgrpo.grpo.trainer import RLConfig, Trainer
-    from rcgrpo.models import ModelConfig, load_policy
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.training.forward import scatter
+    from rcgrpo.training.grpo.core_algos import policy_loss, token_entropy
+    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
 
     torch.manual_seed(0)
     policy = load_policy(ModelConfig(profile="qwen-shape"))

@@ -8,8 +8,8 @@ MLflow stores; this checkout is never written to).
 
 How: the pipeline runs in-process under a category profiler that keeps *exclusive* wall time per
 category on each thread (entering a category pauses the enclosing one):
-  mlflow  every MlflowClient method and mlflow.* fluent call, plus rcgrpo.tracking's git reads
-  dvc     every public function of rcgrpo.versioning (dvc add/commit/push, git commit of data.dvc)
+  mlflow  every MlflowClient method and mlflow.* fluent call, plus rcgrpo.tracking.runs's git reads
+  dvc     every public function of rcgrpo.data.versioning (dvc add/commit/push, git commit of data.dvc)
   work    the computation the pipeline exists for: expert/failure generation, labels, writing,
           GX validation, fine-tuning, RL, evaluation, report plots (lazy torch imports included)
   prefect the residual of the flow call (engine, task/flow run bookkeeping, API round-trips,
@@ -42,15 +42,15 @@ TINY = [
     "rollout.max_new_tokens=24", "rollout.max_total_tokens=1024", "rollout.max_steps=2",
 ]  # fmt: skip
 WORK = {
-    "rcgrpo.trajectories.experts": ["generate_experts"],
-    "rcgrpo.trajectories.failures": ["generate_perturbations", "rollout_failures"],
-    "rcgrpo.trajectories.labels": ["low_half", "mixed_set", "sft_set"],
-    "rcgrpo.trajectories.dataset": ["write_dataset", "select_tasks"],
-    "rcgrpo.validation.runner": ["validate_dir"],
-    "rcgrpo.sft": ["run_sft"],
-    "rcgrpo.grpo.run": ["run_rl"],
-    "rcgrpo.evaluation": ["run_eval"],
-    "rcgrpo.report": ["write_report"],
+    "rcgrpo.data.experts": ["generate_experts"],
+    "rcgrpo.data.failures": ["generate_perturbations", "rollout_failures"],
+    "rcgrpo.data.labels": ["low_half", "mixed_set", "sft_set"],
+    "rcgrpo.data.dataset": ["write_dataset", "select_tasks"],
+    "rcgrpo.data.validation": ["validate_dir"],
+    "rcgrpo.training.sft": ["run_sft"],
+    "rcgrpo.training.grpo.run": ["run_rl"],
+    "rcgrpo.evaluation.evaluate": ["run_eval"],
+    "rcgrpo.tracking.report": ["write_report"],
 }
 MLFLOW_FLUENT = ["start_run", "end_run", "set_tracking_uri", "set_registry_uri", "set_experiment"]
 
@@ -99,7 +99,8 @@ def instrument(prof: Profiler) -> None:
             setattr(MlflowClient, name, prof.wrap("mlflow", attr))
     for name in MLFLOW_FLUENT:
         setattr(mlflow, name, prof.wrap("mlflow", getattr(mlflow, name)))
-    from rcgrpo import tracking, versioning
+    from rcgrpo.data import versioning
+    from rcgrpo.tracking import runs as tracking
 
     tracking.code_version = prof.wrap("mlflow", tracking.code_version)
     for name in ("init_project", "publish", "push", "data_version", "versions", "staging_dir"):

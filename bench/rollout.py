@@ -10,7 +10,7 @@ an RL rollout (several messages per episode, each re-reading a long prompt), onl
 instead of calls. (The paper's "combined" protocol, `--protocol combined`, ends a random model's
 episode after its first message: one prefill and 64 decode steps, not an RL step.)
 
-- batched: `rcgrpo.engines.hf.HFEngine`, all episodes in flight, one `generate` per round of
+- batched: `rcgrpo.rollout.hf.HFEngine`, all episodes in flight, one `generate` per round of
   messages: unpadded prefill (of the new tokens only: an episode's K/V is kept between its
   messages) into a static KV cache, batched decode, vectorised seeded sampling.
 - naive: what a first agent loop does: the episodes one after the other, `model.generate` (with
@@ -25,7 +25,7 @@ measured at the same thread count, a time no engine can beat. Decode is bound by
 (each step reads the whole KV cache, ~1 KB per context token per episode here), so 100% is out of
 reach. Last the ratio batched/naive in episodes/s (target >= 3x).
 
-- vllm: the same episodes through `rollout.engine=vllm` (rcgrpo.engines.vllm_engine: a vLLM
+- vllm: the same episodes through `rollout.engine=vllm` (rcgrpo.rollout.vllm_engine: a vLLM
   server in its own venv, 1 OpenMP thread on the CPU, requests sent concurrently); its start-up
   (export + server to /health) is printed apart and not timed in episodes/s; its prefill share is
   the server's business (prefix caching), so it is printed as n/a. Ratio vllm/batched last.
@@ -44,7 +44,7 @@ import time
 
 import torch
 
-from rcgrpo.engines.base import Engine, RolloutConfig, Sample
+from rcgrpo.rollout.engine import Engine, RolloutConfig, Sample
 
 
 class NaiveEngine(Engine):
@@ -136,8 +136,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from rcgrpo.bfcl.tasks import tasks_in
-    from rcgrpo.engines.hf import HFEngine
-    from rcgrpo.models import ModelConfig, load_policy
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.rollout.hf import HFEngine
     from rcgrpo.runtime import apply_defaults, torch_thread_count
 
     apply_defaults()
@@ -157,7 +158,7 @@ def main() -> None:
         f"{args.protocol}, torch threads {threads}, load average {load:.2f} (of {os.cpu_count()})"
     )
     HFEngine(cfg, policy).rollout(tasks[:2], protocol=args.protocol, seed=args.seed)  # warm-up
-    from rcgrpo.engines.vllm_engine import VLLMEngine
+    from rcgrpo.rollout.vllm_engine import VLLMEngine
 
     t0 = time.perf_counter()
     vllm = VLLMEngine(RolloutConfig(**{**cfg.__dict__, "engine": "vllm"}), policy)

@@ -27,10 +27,11 @@ def main() -> None:
     import ray
 
     from rcgrpo.bfcl.tasks import tasks_in
-    from rcgrpo.engines import RolloutConfig
-    from rcgrpo.execution import ExecutionConfig, RolloutSpec, session
-    from rcgrpo.models import ModelConfig, load_policy
-    from rcgrpo.trajectories.record import HIGH
+    from rcgrpo.chat.record import HIGH
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.execution import ExecutionConfig, RolloutSpec, session
 
     roll = RolloutConfig(temperature=0.0, max_new_tokens=64, max_steps=6, max_total_tokens=1536)
     spec = RolloutSpec(ModelConfig(profile="tiny"), None, roll)

@@ -4,7 +4,7 @@ experts -> failures (perturbations; rollouts of the base policy, by default para
 `model:`, when enabled; only failures of tool calling are kept, see failures.refusal) -> label ->
 write (into a staging folder) -> validate (Great Expectations) -> version (swap into data/,
 dvc add, git commit data.dvc, dvc push: one task under the build lock, recoverable after a
-kill, see rcgrpo.publishing). A failing suite raises before versioning, so data/ and
+kill, see rcgrpo.data.publishing). A failing suite raises before versioning, so data/ and
 data.dvc keep the previous version, checked out. Retries only on the I/O task write.
 Runs against PREFECT_API_URL when set, else an ephemeral local server.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
-from rcgrpo.trajectories.dataset import DatasetConfig, load_config, select_tasks
+from rcgrpo.data.dataset import DatasetConfig, load_config, select_tasks
 
 
 def _progress(label: str, every: int = 10):
@@ -42,7 +42,7 @@ def _progress(label: str, every: int = 10):
 # the inputs (lists of records) are too big to hash for Prefect's cache key.
 @task(cache_policy=NONE)
 def generate_experts(cfg: DatasetConfig, split: str):
-    from rcgrpo.trajectories.experts import generate_experts as run
+    from rcgrpo.data.experts import generate_experts as run
 
     tasks = select_tasks(cfg, split)
     report = run(tasks, split, cfg.protocol, progress=_progress(f"experts {split}"))
@@ -56,7 +56,7 @@ def generate_experts(cfg: DatasetConfig, split: str):
 
 @task(cache_policy=NONE)
 def generate_perturbations(cfg: DatasetConfig, split: str, tasks):
-    from rcgrpo.trajectories.failures import generate_perturbations as run
+    from rcgrpo.data.perturbations import generate_perturbations as run
 
     return run(
         tasks, split, cfg.protocol, cfg.seed, cfg.kinds, cfg.attempts,
@@ -72,8 +72,8 @@ def generate_rollouts(
     by failures.refusal. Returns (split -> usable records, the manifest's rollouts summary or
     None when none were tried). rollouts=auto skips, with a warning, when the engine or model
     cannot be loaded. The policy is dataset.rollout_model: params.yaml `model:` by default."""
-    from rcgrpo.trajectories.dataset import rollout_model
-    from rcgrpo.trajectories.failures import RolloutReport, rollout_failures
+    from rcgrpo.data.dataset import rollout_model
+    from rcgrpo.data.failures import RolloutReport, rollout_failures
 
     logger = get_run_logger()
     if cfg.rollouts == "off":
@@ -89,7 +89,7 @@ def generate_rollouts(
     model = rollout_model(cfg, model_overrides)  # a params.yaml typo fails, even under auto
     try:
         from rcgrpo.config import load_section
-        from rcgrpo.execution import ExecutionConfig, session
+        from rcgrpo.rollout.execution import ExecutionConfig, session
 
         with session(load_section("execution", ExecutionConfig)) as backend:
             logger.info("rollouts on %s", backend.tags())
@@ -115,8 +115,8 @@ def generate_rollouts(
 
 @task(cache_policy=NONE)
 def label(cfg: DatasetConfig, experts, rollouts, perturbed):
-    from rcgrpo.trajectories.failures import is_usable_failure
-    from rcgrpo.trajectories.labels import low_half, mixed_set, sft_set
+    from rcgrpo.data.failures import is_usable_failure
+    from rcgrpo.data.labels import low_half, mixed_set, sft_set
 
     n_low = round(len(experts) * cfg.low_per_high)
     usable = [r for r in rollouts if is_usable_failure(r)]  # the rule, wherever lows are chosen
@@ -128,8 +128,8 @@ def label(cfg: DatasetConfig, experts, rollouts, perturbed):
 
 @task(cache_policy=NONE, retries=2, retry_delay_seconds=2)
 def write(cfg: DatasetConfig, rctp, sft, expert_failures, rollouts: dict | None = None) -> Path:
-    from rcgrpo.trajectories.dataset import write_dataset
-    from rcgrpo.versioning import staging_dir
+    from rcgrpo.data.dataset import write_dataset
+    from rcgrpo.data.versioning import staging_dir
 
     folder = staging_dir(cfg.project)
     try:
@@ -143,7 +143,7 @@ def write(cfg: DatasetConfig, rctp, sft, expert_failures, rollouts: dict | None 
 
 @task(cache_policy=NONE, retries=2, retry_delay_seconds=2)
 def stage_copy(cfg: DatasetConfig, folder: Path) -> Path:
-    from rcgrpo.versioning import staging_dir
+    from rcgrpo.data.versioning import staging_dir
 
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a dataset folder (rctp/, sft/, manifest.json)")
@@ -154,7 +154,7 @@ def stage_copy(cfg: DatasetConfig, folder: Path) -> Path:
 
 @task(cache_policy=NONE)
 def validate(cfg: DatasetConfig, folder: Path):
-    from rcgrpo.validation.runner import ValidationFailed, validate_dir
+    from rcgrpo.data.validation import ValidationFailed, validate_dir
 
     report = validate_dir(
         folder, cfg.high_share, cfg.balance_tolerance, docs_dir=cfg.project / cfg.docs_dir
@@ -170,7 +170,7 @@ def validate(cfg: DatasetConfig, folder: Path):
 def version(cfg: DatasetConfig, folder: Path) -> dict:
     """Swap the validated folder into data/, dvc add, git commit data.dvc (not retried: the
     swap is not idempotent; publish restores the previous data/ itself on failure)."""
-    from rcgrpo.publishing import publish
+    from rcgrpo.data.publishing import publish
 
     result = publish(
         folder,
@@ -189,7 +189,7 @@ def version(cfg: DatasetConfig, folder: Path) -> dict:
 def prepare(cfg: DatasetConfig) -> None:
     """Fail fast when the project is no git work tree or data_dir is not the tracked data folder
     (or a new one); dvc init + offline config if needed."""
-    from rcgrpo.versioning import check_data_dir, init_project
+    from rcgrpo.data.versioning import check_data_dir, init_project
 
     init_project(cfg.project, cfg.remote)
     check_data_dir(cfg.project, cfg.data_dir)

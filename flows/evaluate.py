@@ -1,4 +1,4 @@
-"""Prefect flow: held-out BFCL evaluation of a saved model (`rcgrpo.evaluation`) as one MLflow
+"""Prefect flow: held-out BFCL evaluation of a saved model (`rcgrpo.evaluation.evaluate`) as one MLflow
 run nested under the pipeline's run.
 
 Writes, beside the evaluation's own report.json / outcomes.jsonl / bfcl_results/, a markdown
@@ -18,9 +18,9 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from rcgrpo import tracking
 from rcgrpo.config import load_section
 from rcgrpo.runtime import apply_defaults, project_root
+from rcgrpo.tracking import runs as tracking
 
 apply_defaults()
 
@@ -28,7 +28,7 @@ CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 
 
 def eval_config(overrides: dict | None = None, root: Path | None = None):
-    from rcgrpo.evaluation import EvalConfig
+    from rcgrpo.evaluation.evaluate import EvalConfig
 
     cfg = load_section("eval", EvalConfig, overrides=dict(overrides or {}))
     out = Path(cfg.out_dir)
@@ -71,14 +71,14 @@ def table_markdown(report: dict) -> str:
 def score(
     cfg, model_cfg, rollout_cfg, model_path: str, run_id: str, prefix: str, execution=None
 ) -> dict:
-    from rcgrpo.evaluation import run_eval
+    from rcgrpo.evaluation.evaluate import run_eval
 
     to_mlflow = tracking.metrics_logger(run_id)
 
     def log(metrics: dict, step: int) -> None:  # eval/x -> <prefix>/x
         to_mlflow({prefix + k.removeprefix("eval"): v for k, v in metrics.items()}, step)
 
-    from rcgrpo.execution import ExecutionConfig, session
+    from rcgrpo.rollout.execution import ExecutionConfig, session
 
     with session(load_section("execution", ExecutionConfig, overrides=execution)) as backend:
         tracking.set_tags(run_id, backend.tags())  # the Ray job this stage's rollouts ran as
@@ -103,7 +103,7 @@ def evaluate_flow(
     """Evaluate `model_path`; {"run_id", "report" (path), "table" (path), "metrics"}. Metric
     names start with `prefix` (eval/..., or rl_tasks/before/... for the RL-task evaluations)."""
     from flows.train import model_config, rollout_config
-    from rcgrpo.evaluation import flat_metrics, resolve_protocol
+    from rcgrpo.evaluation.evaluate import flat_metrics, resolve_protocol
 
     cfg = resolve_protocol(eval_config(overrides), model_path)
     model_cfg = model_config(model_overrides)

@@ -1,7 +1,7 @@
 """The whole rcgrpo pipeline as one Prefect flow and one MLflow run with a nested run per stage:
 
     build_dataset (issue 4's flow: experts + failures, GX validation, DVC version)
-      -> fine-tune (RCTP-FT, or plain SFT: the variant's `init`, rcgrpo.variants)
+      -> fine-tune (RCTP-FT, or plain SFT: the variant's `init`, rcgrpo.evaluation.variants)
       -> RL (RC-GRPO / GRPO from the fine-tuned model, on the fine-tuning tasks)
       -> evaluate (greedy: the RL tasks before and after RL, then the held-out BFCL tasks;
                    both checkers, Wilson intervals, under the variant's reward goals)
@@ -25,8 +25,9 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.evaluate import eval_config, evaluate_flow
-from rcgrpo import tracking
 from rcgrpo.runtime import apply_defaults, project_root
+from rcgrpo.tracking import registry
+from rcgrpo.tracking import runs as tracking
 
 apply_defaults()
 
@@ -35,7 +36,7 @@ STAGES = ("data", "finetune", "rl", "eval")
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def register(rl_run_id: str, name: str, config: dict, metrics: dict) -> str:
-    mv = tracking.register_model(rl_run_id, "model", name, config, metrics,
+    mv = registry.register_model(rl_run_id, "model", name, config, metrics,
                                  description="RL model of an rcgrpo pipeline run")  # fmt: skip
     return f"{name}/{mv.version}"
 
@@ -44,10 +45,10 @@ def register(rl_run_id: str, name: str, config: dict, metrics: dict) -> str:
 def write_and_log_report(run_id: str, out_dir: str, info: dict, rl_run: str | None,
                          ft_run: str | None, eval_report: str | None, table: str | None,
                          rl_tasks: dict) -> str:  # fmt: skip
-    from rcgrpo.report import write_report
+    from rcgrpo.tracking.report import write_report
 
-    rl = tracking.metric_histories(rl_run) if rl_run else {}
-    sft = tracking.metric_histories(ft_run) if ft_run else {}
+    rl = registry.metric_histories(rl_run) if rl_run else {}
+    sft = registry.metric_histories(ft_run) if ft_run else {}
     report = json.loads(Path(eval_report).read_text()) if eval_report else {}
     text = Path(table).read_text() if table else ""
     before_after = {k: json.loads(Path(p).read_text()) for k, p in rl_tasks.items()}
@@ -66,7 +67,7 @@ def pipeline_flow(
     preset: str | None = None,
 ) -> dict:
     """Run `stages` (default: params.yaml pipeline.stages, else all of STAGES) in order, for one
-    of the paper's four recipes (`variant`, rcgrpo.variants), with one of params.yaml's
+    of the paper's four recipes (`variant`, rcgrpo.evaluation.variants), with one of params.yaml's
     `presets` on top of the stage sections (default pipeline.variant / pipeline.preset);
     returns paths, run ids, the model version."""
     from flows.build_dataset import build_dataset_flow
@@ -117,7 +118,7 @@ def pipeline_flow(
                 "profile": (config.get("model") or {}).get("profile"),
                 "data_version": out["data_version"], "git_commit": run.data.tags.get("git.commit"),
                 "model_version": out.get("model_version"),
-                "mlflow_ui": "rcgrpo ui, then " + tracking.run_url(pid)}  # fmt: skip
+                "mlflow_ui": "rcgrpo ui, then " + registry.run_url(pid)}  # fmt: skip
         out["report"] = write_and_log_report(
             pid, str(report_dir / pid), info, rl and rl["run_id"], ft and ft["run_id"],
             ev and ev["report"], ev and ev["table"], out.get("rl_tasks") or {},
@@ -152,9 +153,9 @@ def evaluate_rl_tasks(pid: str, ov: dict, ft: dict | None, rl: dict | None) -> d
 def plan_run(overrides=None, stages=None, variant=None, preset=None) -> dict:
     """What a pipeline run will do, checked before any run is opened: {"ov": the overrides per
     section (preset, then `overrides`, then the variant's RL fields and eval goals), "stages",
-    "variant" (rcgrpo.variants.Variant), "preset", "config" (every section as it will run)}."""
+    "variant" (rcgrpo.evaluation.variants.Variant), "preset", "config" (every section as it will run)}."""
     from rcgrpo.config import read_params
-    from rcgrpo.variants import get_variant
+    from rcgrpo.evaluation.variants import get_variant
 
     params = read_params()
     # params.yaml `pipeline:` holds what the main command runs by default (the stages, the
@@ -182,7 +183,7 @@ def plan_run(overrides=None, stages=None, variant=None, preset=None) -> dict:
 def check_configs(ov: dict, stages: list[str], init: str) -> None:
     """Build every stage's config from params.yaml + overrides (raises ConfigError on a typo)."""
     from flows.train import model_config, rollout_config, stage_config
-    from rcgrpo.trajectories.dataset import load_config
+    from rcgrpo.data.dataset import load_config
 
     model_config(ov.get("model"))
     rollout_config(ov.get("rollout"))

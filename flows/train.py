@@ -1,5 +1,5 @@
-"""Prefect flow for one training stage: RCTP-FT / SFT (`rcgrpo.sft`) or RC-GRPO / GRPO
-(`rcgrpo.grpo.trainer`), as one MLflow run nested under the pipeline's run.
+"""Prefect flow for one training stage: RCTP-FT / SFT (`rcgrpo.training.sft`) or RC-GRPO / GRPO
+(`rcgrpo.training.grpo.trainer`), as one MLflow run nested under the pipeline's run.
 
 The flow passes paths and run ids only: it loads the stage's params.yaml section with overrides,
 trains in one task (metrics stream to MLflow at every step through `tracking.metrics_logger`, and
@@ -21,9 +21,9 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from rcgrpo import tracking
 from rcgrpo.config import load_section
 from rcgrpo.runtime import apply_defaults, project_root
+from rcgrpo.tracking import runs as tracking
 
 apply_defaults()
 
@@ -40,9 +40,9 @@ def stage_config(stage: str, overrides: dict | None = None, root: Path | None = 
     root = Path(root or project_root())
     overrides = dict(overrides or {})
     if stage == "rl":
-        from rcgrpo.grpo.trainer import RLConfig as cls
+        from rcgrpo.training.grpo.config import RLConfig as cls
     else:
-        from rcgrpo.sft import SFTConfig as cls
+        from rcgrpo.training.sft import SFTConfig as cls
     cfg = load_section(stage, cls, overrides=overrides)
     fixes = {"out_dir": _abs(cfg.out_dir, root)}
     if stage == "rl":
@@ -54,13 +54,13 @@ def stage_config(stage: str, overrides: dict | None = None, root: Path | None = 
 
 
 def model_config(overrides: dict | None = None):
-    from rcgrpo.models import ModelConfig
+    from rcgrpo.models.profiles import ModelConfig
 
     return load_section("model", ModelConfig, overrides=overrides)
 
 
 def rollout_config(overrides: dict | None = None):
-    from rcgrpo.engines import RolloutConfig
+    from rcgrpo.rollout.engine import RolloutConfig
 
     return load_section("rollout", RolloutConfig, overrides=overrides)
 
@@ -95,14 +95,14 @@ def fit(stage: str, cfg, model_cfg, rollout_cfg, run_id: str) -> str:
             bar.update(job, completed=step, info=info)
 
         if stage == "rl":
-            from rcgrpo.execution import ExecutionConfig, session
-            from rcgrpo.grpo.run import run_rl
+            from rcgrpo.rollout.execution import ExecutionConfig, session
+            from rcgrpo.training.grpo.run import run_rl
 
             with session(load_section("execution", ExecutionConfig)) as backend:
                 tracking.set_tags(run_id, backend.tags())  # the Ray job of the rollouts
                 final = run_rl(cfg, model_cfg, rollout_cfg, log_metrics=log, backend=backend)
         else:
-            from rcgrpo.sft import run_sft
+            from rcgrpo.training.sft import run_sft
 
             final = run_sft(cfg, model_cfg, log_metrics=log)
     return str(final)

@@ -2,7 +2,7 @@
 
 Replays the expert assistant text of every task as the model's messages (tokenised by the
 profile's tokenizer, cut at the per-message limit as generation would be; see
-rcgrpo/trajectories/ceiling.py) under the profile's default limits (rcgrpo.models.PROFILES) or
+rcgrpo/data/ceiling.py) under the profile's default limits (rcgrpo.models.profiles.PROFILES) or
 the ones given, and prints the ceiling k/n per category with the paper reward, the stop reasons
 of the unsolved episodes and the measured prompt / episode / message lengths in tokens. The
 first prompt carries the <|high_reward|> goal (the longest prompt a policy sees). Exits 1 when
@@ -24,7 +24,9 @@ from rcgrpo.runtime import apply_defaults
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default="tiny", help="a model profile (rcgrpo.models)")
+    parser.add_argument(
+        "--profile", default="tiny", help="a model profile (rcgrpo.models.profiles)"
+    )
     parser.add_argument("--protocol", default="combined", choices=["combined", "bfcl"])
     parser.add_argument("--max-new-tokens", type=int, default=0, help="0 = the profile's")
     parser.add_argument("--max-total-tokens", type=int, default=0, help="0 = the profile's")
@@ -34,11 +36,12 @@ def main() -> int:
     args = parser.parse_args()
     apply_defaults()
     from rcgrpo.bfcl.tasks import load_tasks, tasks_in
-    from rcgrpo.models import PROFILES, ModelConfig, load_policy
-    from rcgrpo.trajectories.agent_loop import Limits
-    from rcgrpo.trajectories.ceiling import ceiling
-    from rcgrpo.trajectories.prompts import Renderer
-    from rcgrpo.trajectories.record import HIGH
+    from rcgrpo.chat.prompts import Renderer
+    from rcgrpo.chat.record import HIGH
+    from rcgrpo.data.ceiling import ceiling
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.models.profiles import PROFILES, ModelConfig
+    from rcgrpo.rollout.agent_loop import Limits
 
     if args.profile not in PROFILES:
         parser.error(f"unknown profile {args.profile!r}: pick one of {sorted(PROFILES)}")

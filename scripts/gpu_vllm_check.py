@@ -7,7 +7,7 @@ on the GPU, starts one vLLM server and prints, each with its time:
 2. sampled log-probs (T = 1) against a training forward pass: max |gap| (target < 1e-4 fp32);
 3. an adapter update (LoRA B moved, runtime /v1/load_lora_adapter): outputs changed, and equal
    the HF engine's on the updated weights;
-4. one RC-GRPO step (rcgrpo.grpo.trainer.Trainer) through the vLLM engine: reward, the
+4. one RC-GRPO step (rcgrpo.training.grpo.trainer.Trainer) through the vLLM engine: reward, the
    rollout/logprob_gap the trainer logs, rollout/sync seconds.
 Exit status 1 if a check fails.
 
@@ -34,11 +34,13 @@ def main() -> int:
     import torch
 
     from rcgrpo.bfcl.tasks import tasks_in
-    from rcgrpo.engines import RolloutConfig, make_engine
-    from rcgrpo.grpo.trainer import RLConfig, Trainer
-    from rcgrpo.models import ModelConfig, load_policy
+    from rcgrpo.chat.record import HIGH, LOW
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.execution import make_engine
     from rcgrpo.runtime import apply_defaults
-    from rcgrpo.trajectories.record import HIGH, LOW
+    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
 
     apply_defaults()
     if args.device == "cuda" and not torch.cuda.is_available():

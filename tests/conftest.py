@@ -21,7 +21,7 @@ def prefect_server():
 
 @pytest.fixture
 def mlflow_store(tmp_path, monkeypatch):
-    """A fresh SQLite MLflow store in a temp folder (MLFLOW_TRACKING_URI, read by rcgrpo.tracking)."""
+    """A fresh SQLite MLflow store in a temp folder (MLFLOW_TRACKING_URI, read by rcgrpo.tracking.runs)."""
     store = tmp_path / "mlflow"
     store.mkdir()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")

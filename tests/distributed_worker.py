@@ -16,8 +16,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))  # toy_models
 from toy_models import tiny_llama  # noqa: E402
 
-from rcgrpo import distributed  # noqa: E402
-from rcgrpo.sft import SFTConfig, train_sft  # noqa: E402
+from rcgrpo.training import distributed  # noqa: E402
+from rcgrpo.training.sft import SFTConfig, train_sft  # noqa: E402
 
 
 def data(n: int = 12):
@@ -44,7 +44,7 @@ def run(out_dir: str, stage: str = "sft") -> dict:
     else:  # RC-GRPO, 2 steps x 2 PPO passes x 2 mini-batches of 3 micro-batches, KL on
         from test_trainer import TASKS, ToyEngine, tiny_policy
 
-        from rcgrpo.grpo.trainer import RLConfig, Trainer
+        from rcgrpo.training.grpo.trainer import RLConfig, Trainer
 
         policy = tiny_policy()
         model = policy.model

@@ -10,10 +10,11 @@ import pytest
 
 from rcgrpo.bfcl.executor import parse_calls
 from rcgrpo.bfcl.tasks import REVEAL_MESSAGE, get_task
-from rcgrpo.models import ModelConfig, load_policy
-from rcgrpo.trajectories.agent_loop import AgentLoop, Limits, render_example, results
-from rcgrpo.trajectories.prompts import NEW_FUNCTIONS_HEADER, Renderer, format_calls
-from rcgrpo.trajectories.record import HIGH, LOW
+from rcgrpo.chat.prompts import NEW_FUNCTIONS_HEADER, Renderer, format_calls
+from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.models.loading import load_policy
+from rcgrpo.models.profiles import ModelConfig
+from rcgrpo.rollout.agent_loop import AgentLoop, Limits, render_example, results
 
 
 @pytest.fixture(scope="module")

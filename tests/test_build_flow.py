@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from rcgrpo.chat.record import HIGH, LOW, read_jsonl
 from rcgrpo.config import read_params
-from rcgrpo.trajectories.dataset import DatasetConfig
-from rcgrpo.trajectories.failures import is_usable_failure
-from rcgrpo.trajectories.record import HIGH, LOW, read_jsonl
-from rcgrpo.validation.runner import ValidationFailed
-from rcgrpo.versioning import data_version, file_md5s, listing, versions
+from rcgrpo.data.dataset import DatasetConfig
+from rcgrpo.data.failures import is_usable_failure
+from rcgrpo.data.validation import ValidationFailed
+from rcgrpo.data.versioning import data_version, file_md5s, listing, versions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `flows` lives at the repo root
 from test_versioning import git, make_project  # noqa: E402  (pytest puts tests/ on sys.path)

@@ -4,8 +4,9 @@ import random
 
 import pytest
 
-from rcgrpo.bfcl.checkers import _matched, bfcl_check, ground_truth_calls, paper_reward, score
+from rcgrpo.bfcl.checkers import bfcl_check, ground_truth_calls, paper_reward, score
 from rcgrpo.bfcl.conformance import cases, compare
+from rcgrpo.bfcl.replay import _matched
 from rcgrpo.bfcl.tasks import CATEGORIES, get_task, load_tasks
 
 TASK = "multi_turn_base_1"  # ls(a=True) | cd, mv | cd, grep | tail(lines=20)

@@ -1,4 +1,4 @@
-"""The pure RC-GRPO functions against hand-computed values (rcgrpo.grpo.core_algos)."""
+"""The pure RC-GRPO functions against hand-computed values (rcgrpo.training.grpo.core_algos)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rcgrpo.grpo.core_algos import (
+from rcgrpo.training.grpo.core_algos import (
     group_advantages,
     group_reward_stats,
     kl_penalty,

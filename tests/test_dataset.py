@@ -13,11 +13,11 @@ from collections import Counter
 import pytest
 
 from rcgrpo.bfcl.checkers import ground_truth_run, parse_call_string, score
-from rcgrpo.trajectories import experts as experts_mod
-from rcgrpo.trajectories.dataset import DatasetConfig, build_folder, select_tasks
-from rcgrpo.trajectories.experts import DONE, generate_experts
-from rcgrpo.trajectories.failures import KINDS, generate_perturbations
-from rcgrpo.trajectories.labels import (
+from rcgrpo.chat.record import HIGH, LOW, read_jsonl
+from rcgrpo.data import experts as experts_mod
+from rcgrpo.data.dataset import DatasetConfig, build_folder, select_tasks
+from rcgrpo.data.experts import DONE, generate_experts
+from rcgrpo.data.labels import (
     GOAL_FORMAT,
     goal_counts,
     low_half,
@@ -25,7 +25,7 @@ from rcgrpo.trajectories.labels import (
     sft_set,
     with_goal,
 )
-from rcgrpo.trajectories.record import HIGH, LOW, read_jsonl
+from rcgrpo.data.perturbations import KINDS, generate_perturbations
 
 CFG = DatasetConfig(train_tasks=8, test_tasks=4, rollouts="off")
 

@@ -11,11 +11,13 @@ import pytest
 import torch
 
 from rcgrpo.bfcl.tasks import get_task, tasks_in
-from rcgrpo.engines import RolloutConfig, make_engine
-from rcgrpo.engines.hf import sample_next, uniforms
-from rcgrpo.models import ModelConfig, load_policy
-from rcgrpo.trajectories.agent_loop import AgentLoop
-from rcgrpo.trajectories.record import HIGH, LOW
+from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.models.loading import load_policy
+from rcgrpo.models.profiles import ModelConfig
+from rcgrpo.rollout.agent_loop import AgentLoop
+from rcgrpo.rollout.engine import RolloutConfig
+from rcgrpo.rollout.execution import make_engine
+from rcgrpo.rollout.hf import sample_next, uniforms
 
 CFG = RolloutConfig(max_new_tokens=24, max_total_tokens=1200, max_batch=8)
 
@@ -47,7 +49,7 @@ def test_seeded_rollouts_reproduce_and_seeds_matter(policy, tasks, rollouts):
 def test_an_episode_does_not_depend_on_its_batch(policy, tasks, rollouts):
     """Episode 2 alone (batch of 1, no padding) samples the same ids as inside the batch."""
     alone = make_engine(CFG, policy)
-    from rcgrpo.engines.base import episode_seed
+    from rcgrpo.rollout.engine import episode_seed
 
     loop_ids = rollouts[2].ids[: rollouts[2].prompt_len]
     sample = alone.generate([loop_ids], [CFG.max_new_tokens], [episode_seed(7, 2, 0)])[0]
@@ -69,7 +71,7 @@ def test_logprobs_match_a_training_forward_pass(policy, rollouts):
 
 
 def test_sampled_tokens_are_the_only_masked_in_and_bounded(policy, rollouts):
-    from rcgrpo.trajectories.prompts import Renderer
+    from rcgrpo.chat.prompts import Renderer
 
     renderer = Renderer(policy.tokenizer, policy.stop_id)
     for r in rollouts:
@@ -142,7 +144,7 @@ def test_config_rejects_unknown_engine():
 
 
 def test_bfcl_protocol_rolls_every_turn_through_the_engine(policy, tasks):
-    from rcgrpo.trajectories.prompts import Renderer
+    from rcgrpo.chat.prompts import Renderer
 
     cfg = RolloutConfig(protocol="bfcl", max_new_tokens=12, max_total_tokens=1500)
     rollouts = make_engine(cfg, policy).rollout(tasks[:3], HIGH, seed=0)
@@ -197,7 +199,7 @@ def test_torch_threads_are_set_deliberately_and_restored(monkeypatch):
 
 
 def test_prefix_store_gives_the_longest_proper_prefix_once():
-    from rcgrpo.engines.hf import PrefixStore
+    from rcgrpo.rollout.hf import PrefixStore
 
     store = PrefixStore()
     store.put([1, 2], ["a"])
@@ -221,7 +223,7 @@ def lora_policy():
 
 @pytest.fixture(scope="module")
 def vllm_engine(lora_policy):
-    from rcgrpo.engines.vllm_server import group_alive
+    from rcgrpo.rollout.vllm_server import group_alive
 
     cfg = RolloutConfig(**{**VLLM_CFG.__dict__, "engine": "vllm", "vllm_max_lora_rank": 8})
     engine = make_engine(cfg, lora_policy)

@@ -1,4 +1,4 @@
-"""Evaluation statistics and the BFCL result files (rcgrpo.stats, rcgrpo.evaluation)."""
+"""Evaluation statistics and the BFCL result files (rcgrpo.evaluation.stats, rcgrpo.evaluation.evaluate)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from rcgrpo.bfcl.checkers import ground_truth_calls
-from rcgrpo.evaluation import EvalConfig, evaluate, flat_metrics
-from rcgrpo.stats import accuracy, summarise, wilson
-from rcgrpo.trajectories.record import HIGH
+from rcgrpo.chat.record import HIGH
+from rcgrpo.evaluation.evaluate import EvalConfig, evaluate, flat_metrics
+from rcgrpo.evaluation.stats import accuracy, summarise, wilson
 
 
 def test_wilson_hand_computed():
@@ -97,7 +97,7 @@ def test_compare_table_and_chart(tmp_path):
     from typer.testing import CliRunner
 
     from rcgrpo.cli.train import app
-    from rcgrpo.compare import load_report, rows
+    from rcgrpo.evaluation.compare import load_report, rows
 
     for name, tokens in (("oracle", ("high", "low")), ("empty", ("low",))):
         cfg = EvalConfig(protocol="bfcl", other_protocol=False, tokens=tokens, limit=1,
@@ -119,8 +119,8 @@ def test_compare_table_and_chart(tmp_path):
 
 
 def test_headline_protocol_is_the_one_the_model_was_trained_with(tmp_path):
-    from rcgrpo.evaluation import resolve_protocol
-    from rcgrpo.models import POLICY_FILE
+    from rcgrpo.evaluation.evaluate import resolve_protocol
+    from rcgrpo.models.profiles import POLICY_FILE
 
     assert EvalConfig().protocol == "trained" and EvalConfig().temperature == 0.0  # greedy
     (tmp_path / POLICY_FILE).write_text(json.dumps({"training": {"protocol": "combined"}}))
@@ -133,9 +133,9 @@ def test_headline_protocol_is_the_one_the_model_was_trained_with(tmp_path):
 
 def test_task_file_restricts_the_tasks_and_refuses_the_other_split(tmp_path):
     from rcgrpo.bfcl.tasks import get_task
-    from rcgrpo.evaluation import eval_tasks
-    from rcgrpo.trajectories.experts import expert
-    from rcgrpo.trajectories.record import write_jsonl
+    from rcgrpo.chat.record import write_jsonl
+    from rcgrpo.data.experts import expert
+    from rcgrpo.evaluation.evaluate import eval_tasks
 
     ids = ["multi_turn_base_11", "multi_turn_miss_param_42"]
     path = write_jsonl(tmp_path / "rl.jsonl", [expert(get_task(i), "combined") for i in ids])
@@ -146,10 +146,11 @@ def test_task_file_restricts_the_tasks_and_refuses_the_other_split(tmp_path):
 
 
 def test_run_eval_decodes_greedily_whatever_the_rollout_temperature(tmp_path, monkeypatch):
-    import rcgrpo.engines as engines
-    from rcgrpo.engines import RolloutConfig
-    from rcgrpo.evaluation import run_eval
-    from rcgrpo.models import ModelConfig, load_policy, save_policy
+    import rcgrpo.rollout.execution as engines
+    from rcgrpo.evaluation.evaluate import run_eval
+    from rcgrpo.models.loading import load_policy, save_policy
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.rollout.engine import RolloutConfig
 
     folder = save_policy(load_policy(ModelConfig()), tmp_path / "policy", {"protocol": "bfcl"})
     built, real = [], engines.make_engine

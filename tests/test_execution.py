@@ -14,10 +14,11 @@ import time
 import pytest
 
 from rcgrpo.bfcl.tasks import tasks_in
-from rcgrpo.engines import RolloutConfig
-from rcgrpo.execution import ExecutionConfig, RolloutSpec, session, shard_bounds
-from rcgrpo.models import ModelConfig, load_policy
-from rcgrpo.trajectories.record import HIGH, LOW
+from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.models.loading import load_policy
+from rcgrpo.models.profiles import ModelConfig
+from rcgrpo.rollout.engine import RolloutConfig
+from rcgrpo.rollout.execution import ExecutionConfig, RolloutSpec, session, shard_bounds
 
 ROLL = RolloutConfig(max_new_tokens=16, max_total_tokens=1200, max_steps=2, max_batch=8)
 SPEC = RolloutSpec(ModelConfig(profile="tiny"), None, ROLL)
@@ -95,9 +96,9 @@ def test_ray_equals_local_and_survives_a_killed_worker(cluster, local):
 def test_rl_steps_and_eval_report_equal_on_both_backends(cluster, tmp_path):
     """Two RL steps (the second samples from weights shipped after the first update) and an
     evaluation report: identical metrics and tables, local vs Ray."""
-    from rcgrpo.engines import make_engine
-    from rcgrpo.evaluation import EvalConfig, evaluate
-    from rcgrpo.grpo.trainer import RLConfig, Trainer
+    from rcgrpo.evaluation.evaluate import EvalConfig, evaluate
+    from rcgrpo.rollout.execution import make_engine
+    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
 
     def rl(cfg_exec, out):
         policy = load_policy(SPEC.model)
@@ -122,7 +123,7 @@ def test_rl_steps_and_eval_report_equal_on_both_backends(cluster, tmp_path):
 
 @pytest.mark.slow
 def test_dataset_rollout_failures_equal_on_both_backends(cluster):
-    from rcgrpo.trajectories.failures import rollout_failures
+    from rcgrpo.data.failures import rollout_failures
 
     tasks = tasks_in("train")[:3]
     reports = []
@@ -137,7 +138,7 @@ def test_local_backend_needs_no_ray():
     import subprocess
     import sys
 
-    code = ("import sys; from rcgrpo.execution import ExecutionConfig, session\n"
+    code = ("import sys; from rcgrpo.rollout.execution import ExecutionConfig, session\n"
             "with session(ExecutionConfig()) as b: tags = b.tags()\n"
             "import flows.evaluate, flows.train, flows.build_dataset\n"
             "assert 'ray' not in sys.modules and tags == {'execution.backend': 'local'}")  # fmt: skip

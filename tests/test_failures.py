@@ -11,19 +11,19 @@ import pytest
 import yaml
 
 from rcgrpo.bfcl.tasks import get_task
+from rcgrpo.chat.record import Provenance, Trajectory, read_jsonl
 from rcgrpo.config import read_params
-from rcgrpo.models import ModelConfig
-from rcgrpo.trajectories.dataset import DatasetConfig, build_folder, rollout_model, select_tasks
-from rcgrpo.trajectories.experts import DONE
-from rcgrpo.trajectories.failures import (
+from rcgrpo.data.dataset import DatasetConfig, build_folder, rollout_model, select_tasks
+from rcgrpo.data.experts import DONE
+from rcgrpo.data.failures import (
     REFUSALS,
     api_calls,
     is_usable_failure,
-    perturbations,
     refusal,
     rollout_failures,
 )
-from rcgrpo.trajectories.record import Provenance, Trajectory, read_jsonl
+from rcgrpo.data.perturbations import perturbations
+from rcgrpo.models.profiles import ModelConfig
 
 SYSTEM = {"role": "system", "content": "You are an agent."}
 USER = {"role": "user", "content": "Step 1: move report.txt into the archive folder."}

@@ -53,7 +53,8 @@ def test_read_only_out_dir_fails_before_training(tmp_path):
 
 
 def test_a_failed_save_keeps_the_previous_final(tmp_path, monkeypatch):
-    from rcgrpo.models import ModelConfig, load_policy, save_policy
+    from rcgrpo.models.loading import load_policy, save_policy
+    from rcgrpo.models.profiles import ModelConfig
 
     policy = load_policy(ModelConfig())
     final = save_policy(policy, tmp_path / "final", {"stage": "rctp"})
@@ -85,8 +86,8 @@ def test_env_run_calls_on_a_binary_file_or_a_directory(tmp_path):
 
 def test_a_corrupt_jsonl_row_is_one_line_with_its_line_number(tmp_path):
     from rcgrpo.bfcl.tasks import tasks_in
-    from rcgrpo.trajectories.experts import expert
-    from rcgrpo.trajectories.record import write_jsonl
+    from rcgrpo.chat.record import write_jsonl
+    from rcgrpo.data.experts import expert
 
     data = tmp_path / "rctp.jsonl"
     write_jsonl(data, [expert(t, "combined") for t in tasks_in("train")[:2]])
@@ -106,7 +107,7 @@ def test_an_empty_or_truncated_data_dvc(tmp_path, text):
     """`data versions` says so in one line; an MLflow run still starts, tagged 'unreadable'."""
     from mlflow import MlflowClient
 
-    from rcgrpo import tracking
+    from rcgrpo.tracking import runs as tracking
 
     root = tmp_path / "proj"
     root.mkdir()

@@ -10,10 +10,12 @@ import importlib.util
 import pytest
 import torch
 
-from rcgrpo.engines import RolloutConfig, make_engine
-from rcgrpo.models import PROFILES, ModelConfig, load_policy, save_policy
-from rcgrpo.trajectories.prompts import PROJECT_TEMPLATE
-from rcgrpo.trajectories.record import HIGH, LOW
+from rcgrpo.chat.prompts import PROJECT_TEMPLATE
+from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.models.loading import load_policy, save_policy
+from rcgrpo.models.profiles import PROFILES, ModelConfig
+from rcgrpo.rollout.engine import RolloutConfig
+from rcgrpo.rollout.execution import make_engine
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,7 @@ def test_tiny_build_is_deterministic_and_cached(tiny):
     assert again.tokenizer.get_vocab() == tiny.tokenizer.get_vocab()
     for a, b in zip(again.model.parameters(), tiny.model.parameters(), strict=True):
         assert torch.equal(a, b)
-    from rcgrpo.tiny import train_tokenizer
+    from rcgrpo.models.tiny import train_tokenizer
 
     fresh = train_tokenizer()
     base_vocab = {k: v for k, v in tiny.tokenizer.get_vocab().items() if v < fresh.get_vocab_size()}
@@ -122,7 +124,7 @@ def test_serving_export_reproduces_the_lora_policy(tmp_path):
     as the trained policy: adapter and trained reward-token rows both reach the server."""
     from peft import PeftModel
 
-    from rcgrpo.models import export_for_serving, export_lora, reward_rows
+    from rcgrpo.models.export import export_for_serving, export_lora, reward_rows
 
     policy = load_policy(ModelConfig(profile="tiny", lora=True, lora_r=4))
     _scramble(policy.model, seed=5)

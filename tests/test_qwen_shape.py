@@ -13,11 +13,12 @@ import torch
 
 from rcgrpo.bfcl.executor import parse_calls
 from rcgrpo.bfcl.tasks import load_tasks
-from rcgrpo.models import PROFILES, ModelConfig, load_policy, save_policy
-from rcgrpo.trajectories.agent_loop import AgentLoop, Limits
-from rcgrpo.trajectories.ceiling import ceiling
-from rcgrpo.trajectories.prompts import Renderer
-from rcgrpo.trajectories.record import HIGH, LOW
+from rcgrpo.chat.prompts import Renderer
+from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.data.ceiling import ceiling
+from rcgrpo.models.loading import load_policy, save_policy
+from rcgrpo.models.profiles import PROFILES, ModelConfig
+from rcgrpo.rollout.agent_loop import AgentLoop, Limits
 
 
 @pytest.fixture(scope="module")
@@ -152,14 +153,15 @@ def test_gpu_profiles_share_the_qwen_shape_budgets():
     assert budgets["qwen2.5-7b-instruct"] == budgets["llama-3.1-8b-instruct"]
     assert budgets["qwen2.5-7b-instruct"] == budgets["qwen-shape"]
     assert not PROFILES["qwen-shape"].compact_docs
-    from rcgrpo.engines import RolloutConfig
+    from rcgrpo.rollout.engine import RolloutConfig
 
     cfg = RolloutConfig(max_new_tokens=7).for_policy(load_policy(ModelConfig(profile="tiny")))
     assert (cfg.max_new_tokens, cfg.max_total_tokens) == (7, PROFILES["tiny"].max_total_tokens)
 
 
 def test_episodes_with_no_room_warn_and_a_batch_of_them_fails(qwen):
-    from rcgrpo.engines import RolloutConfig, make_engine
+    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.execution import make_engine
 
     tasks = load_tasks()
     short, long_ = tasks["multi_turn_base_0"], tasks["multi_turn_long_context_3"]
@@ -179,7 +181,7 @@ def test_episodes_with_no_room_warn_and_a_batch_of_them_fails(qwen):
 
 
 def test_sft_drops_and_counts_examples_over_max_len():
-    from rcgrpo.sft import fit
+    from rcgrpo.training.sft import fit
 
     def example(n, assistant):
         return torch.arange(n), torch.tensor([0] * (n - assistant) + [1] * assistant)
@@ -203,7 +205,8 @@ def test_pretrained_weights_shorter_than_the_budget_get_yarn_positions(qwen, tmp
     unchanged)."""
     from transformers import AutoConfig
 
-    from rcgrpo.models import base_source, export_for_serving
+    from rcgrpo.models.export import export_for_serving
+    from rcgrpo.models.sources import base_source
 
     assert qwen.model.config.rope_parameters["rope_type"] == "default"
     folder = base_source(ModelConfig(profile="qwen-shape"))
@@ -234,7 +237,7 @@ def test_pretrained_weights_shorter_than_the_budget_get_yarn_positions(qwen, tmp
 def test_extend_positions_leaves_long_or_scaled_models_alone():
     from transformers import LlamaConfig, Qwen2Config
 
-    from rcgrpo.long_context import extend_positions
+    from rcgrpo.models.long_context import extend_positions
 
     short = Qwen2Config(max_position_embeddings=32_768)
     assert extend_positions(short, 32_768) is None  # long enough

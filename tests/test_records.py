@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rcgrpo.trajectories.record import (
+from rcgrpo.chat.record import (
     HIGH,
     Provenance,
     RecordError,

@@ -13,10 +13,11 @@ import torch
 from test_trainer import TASKS, ToyEngine
 from toy_models import tiny_llama
 
-from rcgrpo.forward import scatter
-from rcgrpo.grpo.core_algos import policy_loss, token_entropy, token_logprobs
-from rcgrpo.grpo.trainer import RLConfig, Trainer
-from rcgrpo.models import PROFILES, ModelConfig, load_policy, save_policy
+from rcgrpo.models.loading import load_policy, save_policy
+from rcgrpo.models.profiles import PROFILES, ModelConfig
+from rcgrpo.training.forward import scatter
+from rcgrpo.training.grpo.core_algos import policy_loss, token_entropy, token_logprobs
+from rcgrpo.training.grpo.trainer import RLConfig, Trainer
 
 
 def full_logits_loss(model, ids, attn, mask, old, ref, adv, temperature):

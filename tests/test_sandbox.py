@@ -254,7 +254,7 @@ from rcgrpo.bfcl.tasks import get_task
 from rcgrpo.config import export_process_sets, parse_sets
 export_process_sets(parse_sets(["env.tool_timeout_s=0.5", "execution.workers=3"], sectioned=True))
 from rcgrpo.config import load_section
-from rcgrpo.execution import ExecutionConfig
+from rcgrpo.rollout.execution import ExecutionConfig
 start = time.monotonic()
 step = Episode(get_task("{MATH}")).step("{POWER}")  # its tool worker is a child of this one
 print(json.dumps([step.observations[0], time.monotonic() - start,

@@ -1,12 +1,12 @@
-"""RCTP-FT / SFT training loop on a tiny random model (rcgrpo.sft)."""
+"""RCTP-FT / SFT training loop on a tiny random model (rcgrpo.training.sft)."""
 
 from __future__ import annotations
 
 import torch
 from toy_models import tiny_llama
 
-from rcgrpo.sft import SFTConfig, batch_schedule, goal_for, select, summed_ce, train_sft
-from rcgrpo.trajectories.record import HIGH, LOW, Provenance, Trajectory
+from rcgrpo.chat.record import HIGH, LOW, Provenance, Trajectory
+from rcgrpo.training.sft import SFTConfig, batch_schedule, goal_for, select, summed_ce, train_sft
 
 
 def tiny_model(seed=0):
@@ -109,7 +109,7 @@ def test_training_learns_the_answers_and_resumes_exactly(tmp_path):
 def test_masked_logits_equal_the_full_forward_and_lora_reaches_them():
     from peft import LoraConfig, get_peft_model
 
-    from rcgrpo.forward import masked_logits
+    from rcgrpo.training.forward import masked_logits
 
     ids = torch.tensor([[1, 5, 9, 3, 7, 2], [4, 4, 8, 1, 0, 0]])
     attn = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])

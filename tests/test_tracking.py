@@ -1,4 +1,4 @@
-"""rcgrpo.tracking against a real SQLite MLflow store in a temporary project folder."""
+"""rcgrpo.tracking.runs against a real SQLite MLflow store in a temporary project folder."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from rcgrpo import tracking  # noqa: E402
+from rcgrpo.tracking import registry  # noqa: E402
+from rcgrpo.tracking import runs as tracking  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def test_run_records_versions_config_and_nests(project):
     assert run.data.params["rl.lr"] == "1e-06"
     assert json.loads(run.data.params["tokens"]) == ["high", "low"]
     assert "config.json" in [a.path for a in client.list_artifacts(pid)]
-    children = tracking.child_runs(pid)
+    children = registry.child_runs(pid)
     assert [c.info.run_id for c in children] == [box["id"]]
     history = client.get_metric_history(box["id"], "reward/mean")
     assert [(m.step, round(m.value, 3)) for m in history] == [(0, 0.0), (1, 0.1), (2, 0.2)]
@@ -92,8 +93,8 @@ def test_register_model_version_carries_data_config_metrics(project, tmp_path):
     with tracking.start_run("rctp", config={"lr": 1e-5}, root=project) as run:
         rid = run.info.run_id
         tracking.log_artifact(rid, adapter, "model")
-        v1 = tracking.register_model(rid, "model", "rcgrpo-test", {"lr": 1e-5}, {"eval/acc": 0.25})
-        v2 = tracking.register_model(rid, "model", "rcgrpo-test", {"lr": 1e-5}, {"eval/acc": 0.3})
+        v1 = registry.register_model(rid, "model", "rcgrpo-test", {"lr": 1e-5}, {"eval/acc": 0.25})
+        v2 = registry.register_model(rid, "model", "rcgrpo-test", {"lr": 1e-5}, {"eval/acc": 0.3})
     assert (int(v1.version), int(v2.version)) == (1, 2)
     mv = MlflowClient().get_model_version("rcgrpo-test", "1")
     assert mv.run_id == rid

@@ -12,13 +12,15 @@ pytestmark = pytest.mark.slow
 
 def test_rctp_then_rcgrpo_with_exact_resume(tmp_path):
     from rcgrpo.bfcl.tasks import tasks_in
-    from rcgrpo.engines import RolloutConfig, make_engine
-    from rcgrpo.grpo.trainer import RLConfig, Trainer
-    from rcgrpo.models import ModelConfig, load_policy
-    from rcgrpo.sft import SFTConfig, run_sft
-    from rcgrpo.trajectories.experts import expert
-    from rcgrpo.trajectories.failures import perturbations
-    from rcgrpo.trajectories.record import write_jsonl
+    from rcgrpo.chat.record import write_jsonl
+    from rcgrpo.data.experts import expert
+    from rcgrpo.data.perturbations import perturbations
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.execution import make_engine
+    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+    from rcgrpo.training.sft import SFTConfig, run_sft
 
     tasks = [t for t in tasks_in("train") if t.category == "base"][:2]
     records = [expert(t, "combined") for t in tasks] + [perturbations(tasks[0], "combined")[0]]

@@ -9,9 +9,9 @@ import pytest
 import torch
 from toy_models import tiny_llama
 
-from rcgrpo.grpo.core_algos import token_logprobs
-from rcgrpo.grpo.trainer import RLConfig, Trainer
-from rcgrpo.trajectories.record import HIGH, LOW
+from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.training.grpo.core_algos import token_logprobs
+from rcgrpo.training.grpo.trainer import RLConfig, Trainer
 
 V, TARGET = 16, 7  # vocabulary; a rollout succeeds if it samples TARGET
 
@@ -95,7 +95,7 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, over):
 def test_a_fresh_run_in_the_same_out_dir_replaces_the_old_metrics(tmp_path):
     """`make run` twice: outputs/rl/metrics.jsonl held both runs' steps (40 rows for 20 steps),
     and metrics.json's run means averaged the two runs."""
-    from rcgrpo.grpo.run import write_summary
+    from rcgrpo.training.grpo.run import write_summary
 
     run(tmp_path, steps=2, lr=1e-3)
     _, second = run(tmp_path, steps=3)
@@ -145,7 +145,7 @@ def test_grpo_has_no_tokens_and_sign_advantage_never_vanishes(tmp_path):
 
 @pytest.mark.parametrize("inner_epochs", [1, 2])
 def test_mini_batches_are_ppo_updates_against_one_pi_old(tmp_path, monkeypatch, inner_epochs):
-    import rcgrpo.grpo.trainer as trainer_mod
+    import rcgrpo.training.grpo.update as trainer_mod
 
     trainer = make(tmp_path, mini_batch_size=6, micro_batch_size=3, inner_epochs=inner_epochs)
     forwards, losses = [], []  # (grad enabled, ids, attn) per policy forward; policy_loss args
@@ -205,7 +205,7 @@ def test_mini_batch_size_is_validated():
 
 
 def test_rctp_grpo_baseline_prompts_always_carry_the_high_goal(tmp_path):
-    # rcgrpo.variants "rctp+grpo": conditioning rc with P(high) = 1, never a goal-free prompt
+    # rcgrpo.evaluation.variants "rctp+grpo": conditioning rc with P(high) = 1, never a goal-free prompt
     trainer, history = run(tmp_path, steps=1, p_high=1.0)
     for step in (1, 2, 3):
         assert set(trainer.draw(step)[1]) == {HIGH}
@@ -220,7 +220,7 @@ def test_checkpoint_restores_every_generator_with_weights_only(tmp_path):
 
     import numpy as np
 
-    from rcgrpo import checkpoint
+    from rcgrpo.training import checkpoint
 
     trainer = make(tmp_path)
     random.seed(3), np.random.seed(3), torch.manual_seed(3)
@@ -244,7 +244,7 @@ class _Payload:
 
 
 def test_resume_refuses_a_crafted_checkpoint_without_running_it(tmp_path):
-    from rcgrpo import checkpoint
+    from rcgrpo.training import checkpoint
 
     marker = tmp_path / "pwned"
     ck = checkpoint.path_for(tmp_path, 2)

@@ -12,10 +12,12 @@ import json
 import pytest
 
 from rcgrpo.bfcl.executor import parse_calls
-from rcgrpo.evaluation import Outcome, export_form, write_bfcl_results
-from rcgrpo.models import ModelConfig, load_policy
-from rcgrpo.trajectories.prompts import Renderer
-from rcgrpo.trajectories.record import HIGH, LOW
+from rcgrpo.chat.prompts import Renderer
+from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.evaluation.evaluate import Outcome
+from rcgrpo.evaluation.export import export_form, write_bfcl_results
+from rcgrpo.models.loading import load_policy
+from rcgrpo.models.profiles import ModelConfig
 
 # JSON calls reach the trajectory as str(Call): a JSON argument key or name is free text, so
 # its python-call form would carry code into bfcl-eval's eval.

@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
-from rcgrpo.trajectories.dataset import DatasetConfig, build_folder
-from rcgrpo.validation.runner import load_suite, parameters, validate_dir
+from rcgrpo.data.dataset import DatasetConfig, build_folder
+from rcgrpo.data.validation import load_suite, parameters, validate_dir
 
 CFG = DatasetConfig(train_tasks=8, test_tasks=4, rollouts="off")
 

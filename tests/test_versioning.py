@@ -13,13 +13,13 @@ import threading
 
 import pytest
 
-from rcgrpo.publishing import publish
-from rcgrpo.rollback import rollback
-from rcgrpo.trajectories.dataset import DatasetConfig, build_folder
-from rcgrpo.versioning import (
+from rcgrpo.data.dataset import DatasetConfig, build_folder
+from rcgrpo.data.journal import build_lock
+from rcgrpo.data.publishing import publish
+from rcgrpo.data.rollback import rollback
+from rcgrpo.data.versioning import (
     BuildLocked,
     VersioningError,
-    build_lock,
     data_version,
     file_md5s,
     init_project,
@@ -269,7 +269,7 @@ def _publish_killed_at(point, folder, project):
     import signal
     import sys
 
-    code = f"from rcgrpo.publishing import publish; publish({str(folder)!r}, {str(project)!r})"
+    code = f"from rcgrpo.data.publishing import publish; publish({str(folder)!r}, {str(project)!r})"
     env = {**os.environ, "RCGRPO_PUBLISH_PAUSE": point}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             env=env)  # fmt: skip

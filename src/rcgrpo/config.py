@@ -33,6 +33,36 @@ class ConfigError(ValueError):
     """A params.yaml section that does not fit its dataclass."""
 
 
+def ranged(default, interval: str):
+    """A config field whose value (or each element of a tuple value) must lie in `interval`,
+    written as in maths: "[0, 1]", "(0, inf)", "[1, inf)". Declared beside the field's help,
+    checked by `build` before anything runs:
+
+        p_high: float = ranged(0.5, "[0, 1]")  # P(<|high_reward|>) per rollout
+    """
+    parse_interval(interval)  # a typo fails when the module is imported
+    return dataclasses.field(default=default, metadata={"range": interval})
+
+
+def parse_interval(interval: str) -> tuple[float, bool, float, bool]:
+    """Parse "[0, 1)" -> (0.0, True, 1.0, False): the bounds and whether each is included."""
+    s = interval.strip()
+    lo, sep, hi = s[1:-1].partition(",")
+    if s[:1] not in "[(" or s[-1:] not in "])" or not sep:
+        raise ValueError(f"not an interval: {interval!r} (write e.g. '[0, 1]' or '(0, inf)')")
+    return float(lo), s[0] == "[", float(hi), s[-1] == "]"
+
+
+def out_of_range(value, interval: str) -> bool:
+    """Whether a number (or any element of a list/tuple) lies outside `interval`."""
+    if isinstance(value, list | tuple):
+        return any(out_of_range(v, interval) for v in value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False  # the type check reports it
+    lo, lo_in, hi, hi_in = parse_interval(interval)
+    return not ((lo <= value if lo_in else lo < value) and (value <= hi if hi_in else value < hi))
+
+
 def params_path() -> Path:
     return project_root() / "params.yaml"
 
@@ -80,9 +110,12 @@ def build(cls, values: dict, where: str):
         raise ConfigError(
             f"{where}: unknown key(s) {unknown}{_close(unknown[0], names)}; allowed: {sorted(names)}"
         )
+    ranges = {f.name: f.metadata["range"] for f in dataclasses.fields(cls) if "range" in f.metadata}
     for key, value in values.items():
         if not _type_ok(value, hints[key]):
             raise ConfigError(f"{where}.{key}: {value!r} is not a {hints[key]}")
+        if key in ranges and out_of_range(value, ranges[key]):
+            raise ConfigError(f"{where}.{key}={value!r}: must be in {ranges[key]}")
         if isinstance(value, list) and typing.get_origin(hints[key]) is tuple:
             values[key] = tuple(value)
     try:
@@ -136,15 +169,15 @@ def _exported() -> dict:
 
 # params.yaml section -> its dataclass ("module:Class", imported only when a --set names it)
 SECTIONS = {
-    "rctp": "rcgrpo.sft:SFTConfig",
-    "sft": "rcgrpo.sft:SFTConfig",
-    "rl": "rcgrpo.grpo.trainer:RLConfig",
-    "eval": "rcgrpo.evaluation:EvalConfig",
-    "model": "rcgrpo.models:ModelConfig",
-    "rollout": "rcgrpo.engines:RolloutConfig",
-    "dataset": "rcgrpo.trajectories.dataset:DatasetConfig",
+    "rctp": "rcgrpo.training.sft:SFTConfig",
+    "sft": "rcgrpo.training.sft:SFTConfig",
+    "rl": "rcgrpo.training.grpo.config:RLConfig",
+    "eval": "rcgrpo.evaluation.evaluate:EvalConfig",
+    "model": "rcgrpo.models.profiles:ModelConfig",
+    "rollout": "rcgrpo.rollout.engine:RolloutConfig",
+    "dataset": "rcgrpo.data.dataset:DatasetConfig",
     "env": "rcgrpo.bfcl.sandbox:EnvConfig",
-    "execution": "rcgrpo.execution:ExecutionConfig",
+    "execution": "rcgrpo.rollout.execution:ExecutionConfig",
 }
 
 

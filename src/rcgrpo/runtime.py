@@ -9,6 +9,7 @@ count: n, else $RCGRPO_TORCH_THREADS, else 1 (measured below).
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,6 +47,18 @@ def project_root() -> Path:
         if (parent / "params.yaml").exists() and (parent / "pyproject.toml").exists():
             return parent
     return Path.cwd()
+
+
+def replace_dir(tmp: Path, path: Path) -> Path:
+    """Put the finished folder `tmp` at `path` by renames (same parent, same filesystem): the
+    old `path` stays whole until the new one is complete, and is removed only after the swap."""
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        path.rename(old)
+    tmp.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
 
 
 # -- torch CPU threads ---------------------------------------------------------------------------

@@ -53,7 +53,7 @@ def _spawn(name: str, cmd: list[str], env: dict, url: str, health: str, log: Pat
 
 
 def start_mlflow(store: Path, port: int = 5000, log_dir: Path | None = None) -> Server:
-    """`mlflow ui` on <store>/mlflow.db and <store>/artifacts (rcgrpo.tracking.store_dir())."""
+    """`mlflow ui` on <store>/mlflow.db and <store>/artifacts (rcgrpo.tracking.runs.store_dir())."""
     apply_defaults()
     store = Path(store).resolve()
     store.mkdir(parents=True, exist_ok=True)

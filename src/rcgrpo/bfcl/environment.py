@@ -194,7 +194,7 @@ class LocalEpisode(_Turns):
             try:
                 ran, observation = (False, answer) if answer else dispatch(call, functions)
             except MemoryError:
-                from rcgrpo.bfcl.tool_worker import out_of_memory
+                from rcgrpo.bfcl.progress import out_of_memory
 
                 out_of_memory()  # in a worker: report and exit (the parent restores the state)
             observations.append(observation)

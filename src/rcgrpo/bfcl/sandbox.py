@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from rcgrpo.bfcl.tool_worker import _LAYOUT, _OOM, IDLE, TRUSTED, _Failure
+from rcgrpo.bfcl.progress import IDLE, LAYOUT, OOM, TRUSTED, Failure
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Sandbox:
         to_worker, from_parent = os.pipe()[::-1]
         from_worker, to_parent = os.pipe()
         progress_fd = os.memfd_create("rcgrpo-tool-progress")
-        os.ftruncate(progress_fd, _LAYOUT.size)
+        os.ftruncate(progress_fd, LAYOUT.size)
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
@@ -100,9 +100,9 @@ class Sandbox:
         )
         os.close(from_parent)
         os.close(to_parent)
-        self._progress = mmap.mmap(progress_fd, _LAYOUT.size)
+        self._progress = mmap.mmap(progress_fd, LAYOUT.size)
         os.close(progress_fd)
-        _LAYOUT.pack_into(self._progress, 0, IDLE, time.monotonic_ns(), 0)
+        LAYOUT.pack_into(self._progress, 0, IDLE, time.monotonic_ns(), 0)
         self._out = Connection(to_worker, readable=False)
         self._in = Connection(from_worker, writable=False)
         self._live.clear()
@@ -131,7 +131,7 @@ class Sandbox:
         """The worker's reply, or _Killed once the running call overruns or the worker dies."""
         limit_ns = int(self.config.tool_timeout_s * 1e9)
         while True:
-            index, started, _ = _LAYOUT.unpack_from(self._progress, 0)
+            index, started, _ = LAYOUT.unpack_from(self._progress, 0)
             left = (max(started, sent_at) + limit_ns - time.monotonic_ns()) / 1e9
             if index != IDLE and left <= 0:
                 self._stop()
@@ -146,10 +146,10 @@ class Sandbox:
                 return self._died()
 
     def _died(self):
-        index, _, reason = _LAYOUT.unpack_from(self._progress, 0)
+        index, _, reason = LAYOUT.unpack_from(self._progress, 0)
         code = self._proc.wait()
         self._stop()
-        if reason == _OOM:
+        if reason == OOM:
             why = f"out of memory (limit {self.config.tool_memory_mb} MiB)"
         else:
             why = f"the tool process died (exit status {code})"
@@ -191,7 +191,7 @@ class Sandbox:
                         skip[killed.index] = f"Error during execution: {killed.why}"
                     continue  # IDLE: died between calls; resend as it was
                 self._drops.clear()
-                if isinstance(reply, _Failure):
+                if isinstance(reply, Failure):
                     self._tasks.update(new)
                     raise SandboxError(f"{where}: {reply.message}")
                 self._tasks.update(new)

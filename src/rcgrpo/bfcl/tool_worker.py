@@ -2,7 +2,7 @@
 
 The worker process holds the episodes' API instances and answers the parent's requests: run a
 step of an episode (rebuilding it first from its earlier calls when asked), or score
-trajectories (rcgrpo.bfcl.checkers.replay_here). Before each model call it writes (call index,
+trajectories (rcgrpo.bfcl.replay.replay_here). Before each model call it writes (call index,
 start time) into the shared progress memfd, which the parent reads to enforce the wall-clock
 limit; it runs under RLIMIT_AS and reports a MemoryError there before exiting. It holds no
 parent state besides what is sent; model text reaches it only as parsed `Call`s.
@@ -15,65 +15,16 @@ from __future__ import annotations
 import contextlib
 import gc
 import mmap
-import os
-import struct
 import sys
-import time
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-IDLE, TRUSTED = -2, -1  # progress marks: between requests; a replayed / ground-truth call
-_OOM = 1
-_LAYOUT = struct.Struct("<qqq")  # call index, start (monotonic ns), reason
-
-
-@dataclass(frozen=True)
-class _Failure:
-    """A request the worker could not serve (sent back instead of dying)."""
-
-    message: str
-
-
-_progress: mmap.mmap | None = None  # set only inside a worker process
-
-
-def mark(index: int) -> None:
-    """Record that call `index` starts now (the parent's clock for the wall-clock limit)."""
-    if _progress is not None:
-        _LAYOUT.pack_into(_progress, 0, index, time.monotonic_ns(), 0)
-
-
-def out_of_memory() -> None:
-    """Called on a MemoryError inside a tool: tell the parent why, and end this worker."""
-    if _progress is not None:
-        index = _LAYOUT.unpack_from(_progress, 0)[0]
-        _LAYOUT.pack_into(_progress, 0, index, time.monotonic_ns(), _OOM)
-        os._exit(70)
-    raise MemoryError
-
-
-def _model_guard(skip: dict[int, str]):
-    """Guard for model calls: numbers them, marks each start, answers skipped ones itself."""
-    counter = iter(range(1 << 62))
-
-    def guard() -> str | None:
-        index = next(counter)
-        if index in skip:
-            return skip[index]
-        mark(index)
-        return None
-
-    return guard
-
-
-def _trusted_guard() -> None:
-    mark(TRUSTED)
+from rcgrpo.bfcl import progress
+from rcgrpo.bfcl.environment import LocalEpisode
+from rcgrpo.bfcl.progress import IDLE, Failure, mark, model_guard, trusted_guard
+from rcgrpo.bfcl.replay import ground_truth_run, replay_here
 
 
 def _serve(conn_in: Connection, conn_out: Connection) -> None:
-    from rcgrpo.bfcl import checkers
-    from rcgrpo.bfcl.environment import LocalEpisode
-
     tasks, episodes = {}, {}
     while True:
         try:
@@ -88,10 +39,10 @@ def _serve(conn_in: Connection, conn_out: Connection) -> None:
                 task_key, eid, replay, calls, skip, want = args
                 if replay is not None:  # (re)build from the initial config + earlier calls
                     episode = episodes[eid] = LocalEpisode(tasks[task_key], hide_missed=False)
-                    episode.guard = _trusted_guard
+                    episode.guard = trusted_guard
                     episode.step(replay)
                 episode = episodes[eid]
-                episode.guard = _model_guard(skip)
+                episode.guard = model_guard(skip)
                 step = episode.step(calls)
                 extra = None
                 if want == "state":
@@ -101,16 +52,16 @@ def _serve(conn_in: Connection, conn_out: Connection) -> None:
                 reply = (step.observations, step.ok, extra, step.overran)
             elif op == "score":  # several trajectories, model calls numbered across all of them
                 items, protocol, paper_too, skip = args
-                guard = _model_guard(skip)
+                guard = model_guard(skip)
                 reply = [
-                    checkers.replay_here(tasks[key], calls, protocol, paper_too, guard=guard)
+                    replay_here(tasks[key], calls, protocol, paper_too, guard=guard)
                     for key, calls in items
                 ]
             else:  # "clear": forget the ground-truth memo (bench/executor.py, cold)
-                checkers.ground_truth_run.cache_clear()
+                ground_truth_run.cache_clear()
                 reply = None
         except Exception as e:  # our own code failed (not a tool: tools answer in-band)
-            reply = _Failure(f"{type(e).__name__}: {e}")
+            reply = Failure(f"{type(e).__name__}: {e}")
         mark(IDLE)
         conn_out.send(reply)
         if new_tasks:  # tasks and their ground-truth memo live as long as the worker: keep the
@@ -119,14 +70,13 @@ def _serve(conn_in: Connection, conn_out: Connection) -> None:
 
 def worker_main() -> None:
     """Entry point of the worker process (argv: in fd, out fd, progress fd, memory MiB)."""
-    global _progress
     import ctypes
     import resource
 
     fd_in, fd_out, fd_progress, memory_mb = (int(a) for a in sys.argv[1:5])
     with contextlib.suppress(OSError, AttributeError):  # die with the parent thread that
         ctypes.CDLL(None).prctl(1, 9)  # started us (Linux PR_SET_PDEATHSIG = 1, SIGKILL)
-    _progress = mmap.mmap(fd_progress, _LAYOUT.size)
+    progress.attach(mmap.mmap(fd_progress, progress.LAYOUT.size))
     limit = memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     _serve(Connection(fd_in, writable=False), Connection(fd_out, readable=False))

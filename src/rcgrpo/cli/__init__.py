@@ -13,6 +13,7 @@ so `rcgrpo --help` stays fast (tests/test_cli_pipeline.py checks it).
 Errors of the project's own types (a bad `--set`, a corrupt JSONL row, a failed rollback, a
 refused checkpoint, ...) end every command the same way, in `main`: `error: <message>` on stderr
 and exit code 2, no traceback. Anything else is a bug and keeps its traceback.
+The top layer: may import every stage package and flows/.
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ app.add_typer(env.app, name="env")
 # in modules the command already imported (catching must not import torch or dvc).
 USER_ERRORS = (
     "rcgrpo.config:ConfigError",
-    "rcgrpo.versioning:VersioningError",
-    "rcgrpo.checkpoint:CheckpointError",
-    "rcgrpo.trajectories.record:RecordError",
+    "rcgrpo.data.versioning:VersioningError",
+    "rcgrpo.training.checkpoint:CheckpointError",
+    "rcgrpo.chat.record:RecordError",
     "builtins:FileNotFoundError",
 )
 
@@ -66,13 +67,14 @@ def user_error(exc: BaseException) -> str | None:
 
 def _recover_publish() -> None:
     """A dataset publish killed mid-way leaves its journal: finish or undo it before any command
-    reads data/ (rcgrpo.versioning.recover; a stat when there is none)."""
+    reads data/ (rcgrpo.data.journal.recover; a stat when there is none)."""
     from pathlib import Path
 
     from rcgrpo.runtime import project_root
 
     if (Path(project_root()) / ".dvc" / "tmp" / "rcgrpo-publish.json").exists():
-        from rcgrpo.versioning import BuildLocked, build_lock
+        from rcgrpo.data.journal import build_lock
+        from rcgrpo.data.versioning import BuildLocked
 
         try:  # recovers when it takes the lock; held = that publish is still running
             with build_lock(project_root(), timeout=0):

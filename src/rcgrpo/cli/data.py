@@ -35,12 +35,12 @@ def build(
     params: Path | None = typer.Option(None, help="params.yaml to read (default: checkout's)"),
 ) -> None:
     """Generate, label, validate (GX) and version (DVC) the dataset; one build at a time."""
-    from rcgrpo.trajectories.dataset import load_config
-    from rcgrpo.validation.runner import ValidationFailed
-    from rcgrpo.versioning import VersioningError
+    from rcgrpo.data.dataset import load_config
+    from rcgrpo.data.validation import ValidationFailed
+    from rcgrpo.data.versioning import VersioningError
 
     cfg = load_config(_overrides(set_, params), params)  # a bad --set: ConfigError, one line
-    from rcgrpo.versioning import check_data_dir
+    from rcgrpo.data.versioning import check_data_dir
 
     check_data_dir(cfg.project, cfg.data_dir)  # never another folder: before anything starts
     import sys
@@ -69,7 +69,7 @@ def versions(root: Path | None = typer.Option(None, help="project root (default:
     from rich.console import Console
     from rich.table import Table
 
-    from rcgrpo.versioning import versions as list_versions
+    from rcgrpo.data.versioning import versions as list_versions
 
     rows = list_versions(_root(root))
     if not rows:
@@ -90,8 +90,8 @@ def rollback(
     root: Path | None = typer.Option(None, help="project root (default: checkout)"),
 ) -> None:
     """Restore data/ to the version committed at REV, byte for byte, and say what changed."""
-    from rcgrpo.rollback import rollback as do_rollback
-    from rcgrpo.versioning import VersioningError
+    from rcgrpo.data.rollback import rollback as do_rollback
+    from rcgrpo.data.versioning import VersioningError
 
     try:
         change = do_rollback(rev, _root(root))

@@ -61,7 +61,7 @@ def run(
     variant: str = typer.Option(
         "",
         help="rctp+rc-grpo | rctp+grpo | sft+rc-grpo | sft+grpo (default: params.yaml "
-        "pipeline.variant); see rcgrpo.variants",
+        "pipeline.variant); see rcgrpo.evaluation.variants",
     ),
     preset: str = typer.Option(
         "", help="cpu | paper: params.yaml presets (default: pipeline.preset, cpu)"
@@ -91,7 +91,8 @@ def run(
         typer.secho(f"rcgrpo run: {e}", fg="red", err=True)
         raise typer.Exit(2) from None
     minutes = (time.monotonic() - started) / 60
-    from rcgrpo import tracking
+    from rcgrpo.tracking import registry
+    from rcgrpo.tracking import runs as tracking
 
     lines = [
         f"pipeline finished in {minutes:.1f} min (MLflow run {out['run_id']})",
@@ -101,7 +102,7 @@ def run(
         f"  evaluation table {out.get('eval', {}).get('table', '-')}",
         f"  report           {out['report']}",
         f"  MLflow store     {tracking.tracking_uri()}",
-        f"  MLflow UI        {tracking.run_url(out['run_id'])}   (start it: rcgrpo ui)",
+        f"  MLflow UI        {registry.run_url(out['run_id'])}   (start it: rcgrpo ui)",
         f"  Prefect          {api}   (UI: http://127.0.0.1:4200 with rcgrpo ui)",
     ]
     typer.echo("\n".join(lines))
@@ -135,7 +136,8 @@ def ui(
 ) -> None:
     """Start the MLflow UI and the Prefect UI on 127.0.0.1 (2-core settings); Ctrl-C stops both."""
     _enter_project()
-    from rcgrpo import servers, tracking
+    from rcgrpo import servers
+    from rcgrpo.tracking import runs as tracking
 
     typer.echo("starting the MLflow UI and the Prefect server (about 15-30 s on 2 cores) ...")
     started = [

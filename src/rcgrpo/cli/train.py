@@ -32,7 +32,7 @@ def _section(name: str, cls, sets: list[str], params: Path | None):
 
 
 def _model_cfg(params: Path | None, sets: list[str]):
-    from rcgrpo.models import ModelConfig
+    from rcgrpo.models.profiles import ModelConfig
 
     return _section("model", ModelConfig, sets, params)
 
@@ -45,19 +45,19 @@ def train(
     resume: bool = typer.Option(False, help="continue from the last checkpoint in out_dir"),
     params: Path | None = typer.Option(None, help="params.yaml to read (default: the checkout's)"),
 ) -> None:
-    """Train one stage; metrics go to <out_dir>/metrics.jsonl (and MLflow via rcgrpo.tracking)."""
+    """Train one stage; metrics go to <out_dir>/metrics.jsonl (and MLflow via rcgrpo.tracking.runs)."""
     if stage not in ("rctp", "sft", "rl"):
         raise typer.BadParameter("stage must be rctp, sft or rl", param_hint="STAGE")
     model_cfg = _model_cfg(params, model_set)
     if stage in ("rctp", "sft"):
-        from rcgrpo.sft import SFTConfig, run_sft
+        from rcgrpo.training.sft import SFTConfig, run_sft
 
         cfg = _section(stage, SFTConfig, set_, params)
         final = run_sft(cfg, model_cfg, log_metrics=_printer(), resume=resume)
     else:
-        from rcgrpo.engines import RolloutConfig
-        from rcgrpo.grpo.run import run_rl
-        from rcgrpo.grpo.trainer import RLConfig
+        from rcgrpo.rollout.engine import RolloutConfig
+        from rcgrpo.training.grpo.config import RLConfig
+        from rcgrpo.training.grpo.run import run_rl
 
         cfg = _section("rl", RLConfig, set_, params)
         rollout_cfg = _section("rollout", RolloutConfig, [], params)  # engine, temperature, limits
@@ -88,9 +88,9 @@ def eval_(
         raise FileNotFoundError(
             f"{model_path} is not a folder: pass one written by save_policy, e.g. outputs/rl/final"
         )
-    from rcgrpo.compare import fmt
-    from rcgrpo.engines import RolloutConfig
-    from rcgrpo.evaluation import EvalConfig, run_eval
+    from rcgrpo.evaluation.compare import fmt
+    from rcgrpo.evaluation.evaluate import EvalConfig, run_eval
+    from rcgrpo.rollout.engine import RolloutConfig
 
     cfg = _section("eval", EvalConfig, set_, params)
     rollout_cfg = _section("rollout", RolloutConfig, [], params)
@@ -119,7 +119,8 @@ def compare(
     from rich.table import Table
 
     from rcgrpo.bfcl.tasks import CATEGORIES
-    from rcgrpo.compare import bar_chart, fmt, load_report, rows
+    from rcgrpo.evaluation.compare import fmt, load_report, rows
+    from rcgrpo.evaluation.plots import bar_chart
 
     try:
         table_rows = rows(

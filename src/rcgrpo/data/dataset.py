@@ -1,0 +1,240 @@
+"""The dataset stage's config and the pure parts of a build: pick tasks, assemble, write files.
+
+`flows/build_dataset.py` runs these as Prefect tasks (experts -> failures -> label -> validate ->
+version); the functions here know nothing about Prefect, DVC or GX. Output (one folder, later
+swapped into `data/` whole):
+
+    rctp/{train,test}.jsonl   labelled mixed set (experts high + failures low, 1:1 by default)
+    sft/{train,test}.jsonl    experts, no reward goal (plain SFT baseline)
+    manifest.json             config, counts per split/label/generator, experts that failed,
+                              rollouts tried / kept / refused by reason and the model rolled out
+
+Builds are deterministic: the same config gives the same bytes (and so the same DVC md5), which is
+why Provenance.created_at stays empty; a build's date is the git commit of data.dvc.
+
+    rcgrpo data build --set train_tasks=8 --set test_tasks=4
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from rcgrpo.bfcl.tasks import CATEGORIES, Task, tasks_in
+from rcgrpo.chat.record import SPLITS, Trajectory, write_jsonl
+from rcgrpo.data.failures import RolloutReport
+from rcgrpo.data.perturbations import KINDS
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """params.yaml `dataset:` section."""
+
+    root: str = ""  # project (git + DVC repo) root; "" = this checkout
+    data_dir: str = "data"  # the DVC-tracked folder, relative to root
+    remote: str = "dvc_remote"  # local DVC remote folder (relative to root or absolute)
+    docs_dir: str = "reports/data_docs"  # Great Expectations Data Docs (outside data/)
+    protocol: Literal["combined", "bfcl"] = "combined"  # prompt protocol of every trajectory
+    categories: tuple[str, ...] = CATEGORIES  # BFCL multi-turn categories to include
+    train_tasks: int = 0  # train tasks to use (0 = all 720); a seeded, category-stratified subset
+    test_tasks: int = 0  # test tasks to use (0 = all 80)
+    # Which train tasks may be picked (the test split is never filtered: it is what we report).
+    # The CPU default narrows them to short base tasks a 1M-parameter model learns in minutes.
+    train_categories: tuple[str, ...] = ()  # () = `categories`
+    train_max_calls: int = 0  # only tasks whose ground truth has at most this many calls (0 = any)
+    low_per_high: float = 1.0  # failures per expert in the mixed set (paper: 1:1)
+    balance_tolerance: float = 0.05  # allowed |high share - target| before validation fails
+    kinds: tuple[str, ...] = KINDS  # perturbation kinds (failure source b)
+    attempts: int = 4  # candidate perturbations tried per kind until one scores 0
+    # source (a): auto = on if the engine loads. YAML reads a bare on/off as a bool: accepted.
+    rollouts: Literal["auto", "on", "off"] | bool = "auto"
+    # base policy rolled out: "" = params.yaml `model:` as it is (the policy's own profile, path
+    # and seed: failures of the model being trained); a profile name = that profile instead
+    rollout_profile: str = ""
+    rollout_max_tokens: int = 1024  # token budget of one rollout episode (prompt included)
+    rollout_share: float = 0.5  # most of the low half taken from rollouts (rest perturbations)
+    commit: bool = True  # git-commit data.dvc after a valid build
+    push: bool = True  # dvc push to the remote after the commit
+    lock_timeout_s: float = 600.0  # wait at most this long for another build's lock
+    seed: int = 0  # task subset, perturbations, failure draw, row order
+
+    def __post_init__(self):
+        if isinstance(self.rollouts, bool):
+            object.__setattr__(self, "rollouts", "on" if self.rollouts else "off")
+        if self.low_per_high <= 0:
+            raise ValueError("dataset.low_per_high must be > 0: a mixed set needs failures")
+        if not 0 <= self.rollout_share <= 1:
+            raise ValueError("dataset.rollout_share must be in [0, 1]")
+        if unknown := sorted(set(self.kinds) - set(KINDS)):
+            raise ValueError(f"dataset.kinds: unknown {unknown}; known {list(KINDS)}")
+        for name in ("categories", "train_categories"):
+            if unknown := sorted(set(getattr(self, name)) - set(CATEGORIES)):
+                raise ValueError(f"dataset.{name}: unknown {unknown}; known {list(CATEGORIES)}")
+        if self.train_max_calls < 0:
+            raise ValueError("dataset.train_max_calls must be >= 0 (0 = no limit)")
+
+    @property
+    def project(self) -> Path:
+        from rcgrpo.runtime import project_root
+
+        return Path(self.root).resolve() if self.root else project_root()
+
+    @property
+    def data_path(self) -> Path:
+        return self.project / self.data_dir
+
+    @property
+    def high_share(self) -> float:
+        """Target fraction of high rows in a mixed split (0.5 at 1:1)."""
+        return 1.0 / (1.0 + self.low_per_high)
+
+
+def load_config(overrides: dict | None = None, path: Path | None = None) -> DatasetConfig:
+    from rcgrpo.config import load_section
+
+    return load_section("dataset", DatasetConfig, path=path, overrides=overrides)
+
+
+def rollout_model(
+    cfg: DatasetConfig, model_overrides: dict | None = None, path: Path | None = None
+):
+    """The ModelConfig whose base policy `rollout_failures` rolls out (resolved at build time).
+
+    rollout_profile "" (or model.profile itself): params.yaml `model:` (file `path`, default the
+    checkout's) with `model_overrides` on top, unchanged. Another profile name: that profile with
+    model's seed, dtype and device, its own defaults otherwise (model.path belongs to model.profile).
+    """
+    from rcgrpo.config import load_section
+    from rcgrpo.models.profiles import (
+        ModelConfig,  # light: transformers is imported inside its functions
+    )
+
+    model = load_section("model", ModelConfig, path=path, overrides=model_overrides)
+    if not cfg.rollout_profile or cfg.rollout_profile == model.profile:
+        return model
+    return ModelConfig(
+        profile=cfg.rollout_profile, seed=model.seed, dtype=model.dtype, device=model.device
+    )
+
+
+def select_tasks(cfg: DatasetConfig, split: str) -> list[Task]:
+    """The split's tasks, or a seeded subset stratified round-robin over categories. Train tasks
+    are first narrowed to `train_categories` and to at most `train_max_calls` ground-truth calls."""
+    categories = tuple(cfg.categories)
+    if split == "train" and cfg.train_categories:
+        categories = tuple(cfg.train_categories)
+    tasks = tasks_in(split, categories)
+    if split == "train" and cfg.train_max_calls:
+        tasks = [t for t in tasks if sum(map(len, t.ground_truth)) <= cfg.train_max_calls]
+        if not tasks:
+            raise ValueError(
+                f"dataset.train_max_calls={cfg.train_max_calls}: no train task of {categories} "
+                "has so few ground-truth calls (the shortest have 2)"
+            )
+    n = cfg.train_tasks if split == "train" else cfg.test_tasks
+    if not n or n >= len(tasks):
+        return tasks
+    rng = random.Random(f"{cfg.seed}:{split}")
+    by_cat = {
+        c: rng.sample([t for t in tasks if t.category == c], k=sum(t.category == c for t in tasks))
+        for c in categories
+    }
+    picked: list[Task] = []
+    while len(picked) < n:
+        for c in categories:
+            if by_cat[c] and len(picked) < n:
+                picked.append(by_cat[c].pop())
+    return sorted(picked, key=lambda t: (t.category, t.number))
+
+
+def tasks_of(path: str | Path, split: str) -> list[Task]:
+    """The tasks a dataset file (Trajectory JSONL) was built from, in (category, number) order:
+    the RL and the train-task evaluation use the tasks the policy was fine-tuned on. A task of
+    the other split in the file is an error (RL or a "train" score on test tasks is a leak)."""
+    from rcgrpo.chat.record import read_jsonl
+
+    ids = {r.task_id for r in read_jsonl(path)}
+    if not ids:
+        raise ValueError(f"{path} holds no trajectory: no task to train or evaluate on")
+    tasks = [t for t in tasks_in(split) if t.id in ids]
+    if stray := sorted(ids - {t.id for t in tasks}):
+        raise ValueError(f"{path}: tasks {stray[:5]} are not {split} tasks (split.json)")
+    return tasks
+
+
+def counts(rows: list[Trajectory]) -> dict:
+    """{"high": n, "low": n, "generators": {...}} of one file."""
+    labels = Counter("high" if r.paper_reward == 1 else "low" for r in rows)
+    return {
+        "rows": len(rows),
+        "high": labels["high"],
+        "low": labels["low"],
+        "generators": dict(sorted(Counter(r.provenance.generator for r in rows).items())),
+    }
+
+
+def write_dataset(
+    out: Path,
+    rctp: dict[str, list],
+    sft: dict[str, list],
+    cfg: DatasetConfig,
+    expert_failures,
+    rollouts: dict | None = None,
+) -> dict:
+    """Write every file of one build into `out` and return the manifest. rollouts: the
+    RolloutReport summary (None: no rollout was tried). config.rollout_profile is the profile
+    actually rolled out when there was one, so "" never hides which policy failed."""
+    files = {}
+    for split in SPLITS:
+        for name, sets in (("rctp", rctp), ("sft", sft)):
+            rel = f"{name}/{split}.jsonl"
+            write_jsonl(out / rel, sets[split])
+            files[rel] = counts(sets[split])
+    rollouts = rollouts or RolloutReport().summary()
+    config = {
+        k: v
+        for k, v in asdict(cfg).items()
+        if k not in ("root", "lock_timeout_s", "commit", "push")
+    }
+    if rollouts.get("model"):
+        config["rollout_profile"] = rollouts["model"]["profile"]
+    manifest = {
+        "config": config,
+        "files": files,
+        "expert_failures": expert_failures,  # ground truths that did not score 1, by task id
+        "rollouts": rollouts,  # tried == kept + sum(refused): failures.refusal's reasons
+    }
+    tmp = out / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True, default=list) + "\n")
+    tmp.replace(out / "manifest.json")
+    return manifest
+
+
+def build_folder(cfg: DatasetConfig, out: Path, rollouts: dict | None = None) -> dict:
+    """The flow's generate -> label -> write stages as plain Python (no Prefect), for tests and
+    notebooks: writes one build into `out` and returns its manifest. rollouts: split -> records
+    (made elsewhere, e.g. by rollout_failures); only those `failures.refusal` accepts are used."""
+    from rcgrpo.data.experts import generate_experts
+    from rcgrpo.data.perturbations import generate_perturbations
+    from rcgrpo.data.labels import low_half, mixed_set, sft_set
+
+    screened = RolloutReport()
+    usable = {s: [r for r in (rollouts or {}).get(s, []) if screened.add(r)] for s in SPLITS}
+    rctp, sft, failed = {}, {}, []
+    for split in SPLITS:
+        tasks = select_tasks(cfg, split)
+        report = generate_experts(tasks, split, cfg.protocol)
+        perturbed = generate_perturbations(
+            tasks, split, cfg.protocol, cfg.seed, cfg.kinds, cfg.attempts
+        )
+        n_low = round(len(report.experts) * cfg.low_per_high)
+        lows = low_half(usable[split], perturbed, n_low, cfg.rollout_share, cfg.seed)
+        rctp[split], sft[split] = mixed_set(report.experts, lows, cfg.seed), sft_set(report.experts)
+        failed += report.failed
+    return write_dataset(
+        Path(out), rctp, sft, cfg, failed, screened.summary() if rollouts else None
+    )

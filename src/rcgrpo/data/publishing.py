@@ -1,0 +1,113 @@
+"""Publishing a dataset version: swap a validated folder into `data/`, `dvc add`, git-commit
+data.dvc (and .gitignore only if DVC just changed it; never any other file), `dvc push`, all under
+the build lock of rcgrpo.data.versioning, and recoverable at every crash point.
+
+A journal (.dvc/tmp/rcgrpo-publish.json) written before the first rename records what moves
+where. A failure before the commit puts the previous `data/`, data.dvc and .gitignore back at
+once. After a kill -9, `recover` (run by the next build/rollback when it takes the lock, and by
+`rcgrpo` at start) undoes a publish killed before its commit (the new build is kept in its
+staging folder) or redoes the push of one killed after it. tests/test_versioning.py kills a
+publishing subprocess in each window (RCGRPO_PUBLISH_PAUSE=aside|swapped|committed holds it there).
+
+    from rcgrpo.data.publishing import publish
+    publish(staging_folder, project_root)      # -> {"rev", "md5", "changed", "path"}
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from rcgrpo.data import versioning
+from rcgrpo.data.journal import build_lock, journal_path, recover, write_journal
+from rcgrpo.data.versioning import (
+    VersioningError,
+    _git,
+    _md5_of,
+    _repo,
+    check_data_dir,
+)
+
+
+def _pause(point: str) -> None:
+    """Fault injection for tests/test_versioning.py: RCGRPO_PUBLISH_PAUSE=<point> makes publish
+    print the point and sleep there, so a test can kill -9 it exactly in that window."""
+    if os.environ.get("RCGRPO_PUBLISH_PAUSE") == point:
+        print(f"paused at {point}", flush=True)
+        time.sleep(600)
+
+
+def publish(
+    folder: str | Path,
+    root: str | Path,
+    data_dir: str = "data",
+    message: str = "data: new dataset version",
+    commit: bool = True,
+    push: bool = True,
+    lock_timeout: float = 600.0,
+) -> dict:
+    """Make `folder` the new `data/` version: swap, dvc add, git commit data.dvc, dvc push, all
+    under the build lock. Recoverable at every point: a journal in .dvc/tmp records what was
+    moved where before the first rename; a failure undoes the swap at once, and a kill -9 is
+    undone (before the commit) or finished (after it) by `recover`, which the next build or
+    rollback runs when it takes the lock (and `rcgrpo` at start). A stale .git/index.lock is
+    refused before anything moves."""
+    root, folder = Path(root).resolve(), Path(folder).resolve()
+    data = check_data_dir(root, data_dir)  # before the lock and any rename
+    with build_lock(root, lock_timeout):
+        if commit and (lock := root / ".git" / "index.lock").exists():
+            raise VersioningError(
+                f"{lock} exists: another git command is running, or one was killed. Remove it "
+                "if no git process runs, then build again; nothing was changed"
+            )
+        gitignore = root / ".gitignore"
+        ignore_before = gitignore.read_bytes() if gitignore.exists() else b""
+        dvc_path = root / f"{data_dir}.dvc"
+        backup = root / ".dvc" / "tmp" / f"rcgrpo-previous-{uuid.uuid4().hex[:12]}"
+        entry = {
+            "phase": "swap", "data_dir": data_dir, "backup": str(backup), "new": str(folder),
+            "had_data": data.exists(), "gitignore_before": ignore_before.decode(),
+            "dvc_before": dvc_path.read_text() if dvc_path.exists() else None,
+        }  # fmt: skip
+        write_journal(root, entry)
+        try:
+            if data.exists():
+                data.rename(backup)
+            _pause("aside")
+            folder.rename(data)
+            _pause("swapped")
+            repo = _repo(root)
+            try:
+                repo.add([str(data)])  # absolute: DVC resolves targets against the cwd
+            finally:
+                repo.close()
+            md5 = _md5_of(dvc_path.read_text())
+            paths = [dvc_path.name]
+            if gitignore.exists() and gitignore.read_bytes() != ignore_before:
+                paths.append(".gitignore")  # DVC added its entry for data/
+            rev, changed = None, True
+            if commit:
+                _git(root, "add", "--", *paths)
+                staged = _git(root, "diff", "--cached", "--name-only", "--", *paths)
+                if staged:
+                    _git(root, "commit", "-m", f"{message} ({md5})", "--", *paths)
+                changed = bool(staged)
+                rev = _git(root, "log", "-1", "--format=%H", "--", dvc_path.name)
+        except BaseException as e:  # also Ctrl-C: put the previous version back now
+            recover(root)
+            if not isinstance(e, Exception):
+                raise
+            raise VersioningError(
+                f"publishing {data_dir} failed; previous {data_dir}/ restored, new build kept "
+                f"in {folder}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}"
+            ) from e
+        write_journal(root, {**entry, "phase": "committed"})
+        shutil.rmtree(backup, ignore_errors=True)
+        _pause("committed")
+        if push:
+            versioning.push(root, data_dir)  # (the `push` flag shadows the name)
+        journal_path(root).unlink()
+        return {"rev": rev, "md5": md5, "changed": changed, "path": str(data)}

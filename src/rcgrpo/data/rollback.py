@@ -1,0 +1,151 @@
+"""`rcgrpo data rollback <rev>`: data/ back to the version data.dvc had at a git revision.
+
+`rollback(rev, root)`: `dvc fetch` at <rev> and a check that every object is there before
+anything is touched, then `git checkout <rev> -- data.dvc && dvc checkout`, byte for byte; any
+failure puts data.dvc and data/ back as they were and says why in one line. Returns what changed
+(files added / removed / modified, row counts before and after). DVC is reached through
+rcgrpo.data.versioning's repo helper (the one DVC touchpoint).
+
+    rcgrpo data rollback <rev>
+    from rcgrpo.data.rollback import rollback; rollback("HEAD~1", ".")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import uuid
+from pathlib import Path
+
+from rcgrpo.data.journal import build_lock
+from rcgrpo.data.versioning import (
+    REMOTE_NAME,
+    VersioningError,
+    _git,
+    _manifest,
+    _md5_of,
+    _remote_dir,
+    _repo,
+    _rows,
+    check_data_dir,
+    file_md5s,
+    listing,
+)
+
+
+def _resolve_rev(root: Path, rev: str, dvc_file: str) -> str:
+    full = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
+    if not full:
+        raise VersioningError(f"{rev!r} is not a git revision here; see `rcgrpo data versions`")
+    if not _git(root, "ls-tree", "--name-only", full, "--", dvc_file, check=False):
+        raise VersioningError(f"revision {rev} has no {dvc_file}: it holds no dataset version")
+    return full
+
+
+def rollback(
+    rev: str, root: str | Path, data_dir: str = "data", lock_timeout=600.0, force: bool = False
+) -> dict:
+    """Restore data/ to the version committed at `rev`, byte for byte; report what changed.
+
+    The version's objects are fetched into the local cache (`dvc fetch` at `rev`) and checked
+    complete before anything is touched: a version in neither the cache nor the remote fails
+    with data.dvc and data/ as they were. Any later failure puts both back (data/ is moved
+    aside, not overwritten, until the checkout has finished). data.dvc is left as it was at
+    `rev` (not committed): commit it to make the rollback the new head, or roll forward again
+    with the newer rev. Refuses (unless `force`) when data/ holds edits that no version records.
+    """
+    root = Path(root).resolve()
+    dvc_file = f"{data_dir}.dvc"
+    data = check_data_dir(root, data_dir)
+    full = _resolve_rev(root, rev, dvc_file)
+    md5 = _md5_of(_git(root, "show", f"{full}:{dvc_file}"), f"{dvc_file} at {rev}")
+    with build_lock(root, lock_timeout):
+        saved = (root / dvc_file).read_bytes() if (root / dvc_file).exists() else None
+        try:
+            before_md5 = _md5_of(saved.decode(errors="replace")) if saved else ""
+        except VersioningError:
+            before_md5 = ""  # an unreadable data.dvc: rolling back is how it gets repaired
+        before = listing(root, before_md5) if before_md5 else {}
+        workspace = file_md5s(data) if data.exists() else {}
+        if workspace and workspace != before and not force:
+            raise VersioningError(
+                f"{data} has changes no dataset version records (differs from "
+                f"{dvc_file}); rolling back would discard them. Build/add them first, or force."
+            )
+        _fetch_version(root, full, dvc_file, md5)  # nothing touched yet if this fails
+        aside = root / ".dvc" / "tmp" / f"rcgrpo-rollback-{uuid.uuid4().hex[:12]}"
+        if data.exists():
+            data.rename(aside)
+        repo = None
+        try:
+            _git(root, "checkout", full, "--", dvc_file)
+            repo = _repo(root)
+            repo.checkout(targets=[str(root / dvc_file)], force=True)
+            if file_md5s(data) != listing(root, md5):
+                raise VersioningError(f"dvc checkout left {data} different from version {md5}")
+        except Exception as e:
+            shutil.rmtree(data, ignore_errors=True)
+            if aside.exists():
+                aside.rename(data)
+            if saved is None:
+                (root / dvc_file).unlink(missing_ok=True)
+            else:
+                (root / dvc_file).write_bytes(saved)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise VersioningError(
+                f"rollback to {rev} failed, {dvc_file} and {data_dir}/ restored as they were: "
+                f"{first}"
+            ) from None
+        finally:
+            if repo is not None:
+                repo.close()
+        shutil.rmtree(aside, ignore_errors=True)
+        after = listing(root, md5)
+    return {
+        "rev": full,
+        "md5": md5,
+        "previous_md5": before_md5,
+        "added": sorted(set(after) - set(before)),
+        "removed": sorted(set(before) - set(after)),
+        "modified": sorted(k for k in set(after) & set(before) if after[k] != before[k]),
+        "rows_before": _rows(_manifest(root, before)),
+        "rows_after": _rows(_manifest(root, after)),
+    }
+
+
+def _fetch_version(root: Path, full: str, dvc_file: str, md5: str) -> None:
+    """`dvc fetch` the objects of data.dvc at `full` into the local cache (data.dvc and data/
+    untouched), then check every one is there; VersioningError in one line if not."""
+    local = root / ".dvc" / "cache" / "files" / "md5"
+
+    def missing() -> list[str]:
+        if not (local / md5[:2] / md5[2:]).exists():
+            return [md5]
+        return [m for m in listing(root, md5).values() if not (local / m[:2] / m[2:]).exists()]
+
+    if not missing():
+        return
+    # the remote's url pinned absolute: inside a past revision DVC would resolve the committed
+    # relative one against that revision's tree, not this folder
+    repo = _repo(root, {"remote": {REMOTE_NAME: {"url": str(_remote_dir(root))}}})
+    error = ""
+    quiet = [logging.getLogger(n) for n in ("dvc", "dvc_data")]  # its WARNING is our one line
+    levels = [q.level for q in quiet]
+    try:
+        for q in quiet:
+            q.setLevel(logging.ERROR)
+        with contextlib.chdir(root):  # with revs, DVC resolves targets against the cwd
+            repo.fetch(targets=[dvc_file], revs=[full], workspace=False)
+    except Exception as e:  # DVC lists every missing object over many lines: keep the first
+        error = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    finally:
+        for q, level in zip(quiet, levels, strict=True):
+            q.setLevel(level)
+        repo.close()
+    if lost := missing():
+        raise VersioningError(
+            f"version {md5} (rev {full[:10]}) cannot be restored: {len(lost)} of its objects "
+            f"are in neither the cache nor the remote {_remote_dir(root)} ({error or 'missing'});"
+            " nothing was changed"
+        )

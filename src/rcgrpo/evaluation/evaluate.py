@@ -1,0 +1,290 @@
+"""Held-out BFCL evaluation: roll out, score with both checkers, summarise with Wilson intervals.
+
+For each requested reward token (default <|high_reward|>; add <|low_reward|> for the
+controllability gap, `none` for a model trained without goals) and seed, every task is rolled out
+once by the engine, scored with the paper's R and BFCL's official check
+(`rcgrpo.bfcl.checkers.score`), and summarised per category, pooled (k/80) and as BFCL's
+unweighted category mean, each with a Wilson 95% interval (`rcgrpo.evaluation.stats`).
+
+Defaults, and why: greedy decoding (temperature 0; bfcl-eval's leaderboard runs at ~0, and a
+sampled score needs many seeds to mean anything); the headline protocol is the one the model was
+trained with (`protocol: trained`, read from the saved policy: a model trained on the combined
+"Step 1..n" prompt is scored on it), and the other protocol is reported beside it for the first
+token (`other_protocol`), so a number is never quoted without the protocol it was measured with.
+`task_file` restricts the tasks to those of a dataset file (e.g. the RL tasks, split "train").
+Results are also written in bfcl-eval's result-file layout,
+
+    <out>/bfcl_results/<model>-<token>-s<seed>[-combined]/multi_turn/BFCL_v4_multi_turn_<category>_result.json
+
+one JSON line per entry {"id", "result"}, result = per turn, per step, the model's decoded output
+as a prompting model writes it ("[cd(folder='a'), ls()]"), so bfcl-eval's evaluator can score it.
+
+    rcgrpo eval outputs/rl/final --set tokens=[high,low] --set seeds=[0,1]
+    rcgrpo eval outputs/rctp/final --set split=train --set task_file=data/rctp/train.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from rcgrpo.bfcl.tasks import CATEGORIES, Task, tasks_in
+from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.evaluation.export import write_bfcl_results
+from rcgrpo.evaluation.stats import summarise
+
+TOKENS = {"high": HIGH, "low": LOW, "none": None}
+CHECKERS = ("paper", "bfcl")
+LogMetrics = Callable[[dict, int], None]
+
+
+PROTOCOLS = ("combined", "bfcl")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    split: Literal["train", "test"] = "test"  # held-out tasks are "test" (80)
+    protocol: Literal["trained", "bfcl", "combined"] = "trained"  # trained: the model's own
+    other_protocol: bool = True  # also score tokens[0] in the other protocol, reported beside
+    temperature: float = 0.0  # 0 = greedy (bfcl-eval runs at ~0); > 0 samples, seed per pass
+    tokens: tuple[str, ...] = ("high",)  # of "high", "low", "none"; high+low gives the gap
+    seeds: tuple[int, ...] = (0,)  # one full pass over the tasks per seed
+    categories: tuple[str, ...] = CATEGORIES  # BFCL multi-turn categories to include
+    task_file: str = ""  # only the tasks of this dataset file (JSONL), e.g. the RL tasks
+    limit: int = 0  # first N tasks per category (0 = all), for quick checks only
+    model_name: str = "rcgrpo"  # folder name in the bfcl-eval result layout
+    out_dir: str = "outputs/eval"  # report.json, outcomes.jsonl, bfcl_results/
+
+    def __post_init__(self):
+        bad = [t for t in self.tokens if t not in TOKENS]
+        if bad or not self.tokens:
+            raise ValueError(f"tokens must be a non-empty subset of {list(TOKENS)}, got {bad}")
+        if self.temperature < 0:
+            raise ValueError("eval.temperature must be >= 0 (0 = greedy)")
+
+
+def resolve_protocol(cfg: EvalConfig, model_path=None) -> EvalConfig:
+    """cfg with protocol "trained" replaced by the protocol the saved policy was trained with
+    (models.trained_protocol); a model with none recorded (a base model) gets BFCL's own."""
+    if cfg.protocol != "trained":
+        return cfg
+    from dataclasses import replace
+
+    from rcgrpo.models.loading import trained_protocol
+
+    found = trained_protocol(model_path) if model_path else None
+    return replace(cfg, protocol=found if found in PROTOCOLS else "bfcl")
+
+
+def other(protocol: str) -> str:
+    return PROTOCOLS[1 - PROTOCOLS.index(protocol)]
+
+
+@dataclass
+class Outcome:
+    """One scored rollout of one task under one reward token and seed."""
+
+    task_id: str
+    category: str
+    token: str  # "high" | "low" | "none"
+    seed: int
+    protocol: str
+    paper: int
+    bfcl: int
+    calls: list = field(default_factory=list)  # turn -> step -> call strings
+    reasons: dict = field(default_factory=dict)
+
+
+def eval_tasks(cfg: EvalConfig) -> list[Task]:
+    if cfg.task_file:
+        from rcgrpo.data.dataset import tasks_of
+
+        tasks = [t for t in tasks_of(cfg.task_file, cfg.split) if t.category in cfg.categories]
+    else:
+        tasks = tasks_in(cfg.split, tuple(cfg.categories))
+    if cfg.limit:
+        per: dict[str, int] = {}
+        kept = []
+        for t in tasks:
+            per[t.category] = per.get(t.category, 0) + 1
+            if per[t.category] <= cfg.limit:
+                kept.append(t)
+        tasks = kept
+    return tasks
+
+
+def score_calls(task: Task, calls, protocol: str, token: str, seed: int) -> Outcome:
+    from rcgrpo.bfcl.checkers import score
+
+    paper, bfcl = score(task, calls, protocol)
+    return Outcome(
+        task.id,
+        task.category,
+        token,
+        seed,
+        protocol,
+        paper.reward,
+        bfcl.reward,
+        calls,
+        {"paper": paper.reason, "bfcl": bfcl.reason},
+    )
+
+
+def outcome_of(task: Task, rollout, protocol: str, token: str, seed: int) -> Outcome:
+    """Use the rewards an agent_loop.Rollout already carries; score other rollouts here."""
+    record = getattr(rollout, "trajectory", None)
+    if record is None:
+        return score_calls(task, rollout.calls, protocol, token, seed)
+    return Outcome(task.id, task.category, token, seed, protocol, record.paper_reward,
+                   record.bfcl_reward, rollout.calls, dict(record.reward_reason))  # fmt: skip
+
+
+def summarise_outcomes(outcomes: list[Outcome], protocol: str) -> dict:
+    """Nested report: runs[token][seed][checker] = summary, plus seed means and the gap.
+
+    gap[checker] = pooled(high) - pooled(low) per seed (same tasks, same seed), and its mean.
+    """
+    runs: dict = {}
+    for token in sorted({o.token for o in outcomes}):
+        runs[token] = {}
+        for seed in sorted({o.seed for o in outcomes if o.token == token}):
+            chosen = [o for o in outcomes if o.token == token and o.seed == seed]
+            runs[token][seed] = {
+                checker: _to_dicts(summarise([(o.category, getattr(o, checker)) for o in chosen]))
+                for checker in CHECKERS
+            }
+    report: dict = {"protocol": protocol, "n_tasks": 0, "runs": runs, "seed_mean": {}, "gap": {}}
+    if outcomes:
+        report["n_tasks"] = len({o.task_id for o in outcomes})
+    for token, by_seed in runs.items():
+        report["seed_mean"][token] = {}
+        for checker in CHECKERS:
+            values = [s[checker]["pooled"]["value"] for s in by_seed.values()]
+            report["seed_mean"][token][checker] = {
+                "pooled_mean": statistics.fmean(values),
+                "pooled_std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+                "n_seeds": len(values),
+            }
+    if "high" in runs and "low" in runs:
+        seeds = sorted(set(runs["high"]) & set(runs["low"]))
+        for checker in CHECKERS:
+            per_seed = [
+                runs["high"][s][checker]["pooled"]["value"]
+                - runs["low"][s][checker]["pooled"]["value"]
+                for s in seeds
+            ]
+            report["gap"][checker] = {
+                "per_seed": per_seed,
+                "mean": statistics.fmean(per_seed) if per_seed else 0.0,
+            }
+    return report
+
+
+def _to_dicts(summary: dict) -> dict:
+    return {
+        "pooled": summary["pooled"].to_dict(),
+        "category_mean": summary["category_mean"].to_dict(),
+        "per_category": {c: a.to_dict() for c, a in summary["per_category"].items()},
+    }
+
+
+def flat_metrics(report: dict, prefix: str = "eval") -> dict[str, float]:
+    """<prefix>/<checker>/<token>/{pooled,category_mean,<category>} for the first seed's run,
+    <prefix>/<checker>/<token>/seed_mean and <prefix>/<checker>/gap for the headline protocol;
+    the same under <prefix>/<protocol>_protocol/ for each other protocol evaluated."""
+    out: dict[str, float] = {}
+    for token, by_seed in report["runs"].items():
+        first = by_seed[min(by_seed)]
+        for checker in CHECKERS:
+            s = first[checker]
+            name = f"{prefix}/{checker}/{token}"
+            out[f"{name}/pooled"] = s["pooled"]["value"]
+            out[f"{name}/pooled_low"] = s["pooled"]["low"]
+            out[f"{name}/pooled_high"] = s["pooled"]["high"]
+            out[f"{name}/category_mean"] = s["category_mean"]["value"]
+            for c, a in s["per_category"].items():
+                out[f"{name}/{c}"] = a["value"]
+            out[f"{name}/seed_mean"] = report["seed_mean"][token][checker]["pooled_mean"]
+    for checker, g in report["gap"].items():
+        out[f"{prefix}/{checker}/gap"] = g["mean"]
+    for protocol, sub in (report.get("other_protocols") or {}).items():
+        out.update(flat_metrics(sub, f"{prefix}/{protocol}_protocol"))
+    return out
+
+
+def evaluate(
+    engine,
+    cfg: EvalConfig,
+    log_metrics: LogMetrics | None = None,
+    step: int = 0,
+    tasks: list[Task] | None = None,
+) -> dict:
+    """Roll out every task once per (token, seed) through `engine`, score, summarise, write.
+
+    engine: anything with `rollout(tasks, reward_tokens, protocol, seed) -> list[Rollout]`
+    (rcgrpo.rollout.engine; its temperature is the engine's). cfg.protocol must be resolved (not
+    "trained": see resolve_protocol). With other_protocol, tokens[0] is also rolled out in the
+    other protocol, summarised in report["other_protocols"][protocol].
+    Writes <out_dir>/report.json, outcomes.jsonl and bfcl_results/; returns the report.
+    """
+    if cfg.protocol not in PROTOCOLS:
+        raise ValueError(f"eval protocol {cfg.protocol!r}: resolve it first (resolve_protocol)")
+    tasks = tasks if tasks is not None else eval_tasks(cfg)
+    plan = [(cfg.protocol, token) for token in cfg.tokens]
+    if cfg.other_protocol:
+        plan.append((other(cfg.protocol), cfg.tokens[0]))
+    outcomes: list[Outcome] = []
+    for seed in cfg.seeds:
+        for protocol, token in plan:
+            rollouts = engine.rollout(tasks, [TOKENS[token]] * len(tasks), protocol, seed)
+            for task, r in zip(tasks, rollouts, strict=True):
+                outcomes.append(outcome_of(task, r, protocol, token, seed))
+    report = summarise_outcomes([o for o in outcomes if o.protocol == cfg.protocol], cfg.protocol)
+    report["other_protocols"] = {
+        p: summarise_outcomes([o for o in outcomes if o.protocol == p], p)
+        for p in sorted({o.protocol for o in outcomes} - {cfg.protocol})
+    }
+    report["config"] = asdict(cfg)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    with (out / "outcomes.jsonl").open("w") as fh:
+        for o in outcomes:
+            fh.write(json.dumps(asdict(o)) + "\n")
+    write_bfcl_results(outcomes, out / "bfcl_results", cfg.model_name)
+    flat = flat_metrics(report)
+    (out / "metrics.json").write_text(json.dumps(flat, indent=1) + "\n")  # for dvc.yaml
+    if log_metrics is not None:
+        log_metrics(flat, step)
+    return report
+
+
+def run_eval(
+    cfg: EvalConfig, model_cfg, model_path, rollout_cfg=None, log_metrics=None, backend=None
+) -> dict:
+    """Load a saved policy and evaluate it with the rollout engine (rcgrpo.rollout.engine), at
+    cfg.temperature (greedy by default) whatever the rollout section's sampling temperature.
+    backend: an rcgrpo.rollout.execution Backend (local or Ray workers; None = one local engine)."""
+    from dataclasses import replace
+
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.execution import make_engine
+
+    cfg = resolve_protocol(cfg, model_path)
+    tasks = eval_tasks(cfg)  # before loading the model: a bad task_file fails at once
+    policy = load_policy(model_cfg, adapter_path=model_path)
+    rollout_cfg = replace(rollout_cfg or RolloutConfig(), protocol=cfg.protocol,
+                          temperature=cfg.temperature)  # fmt: skip
+    if backend is None:
+        engine = make_engine(rollout_cfg, policy)
+    else:
+        from rcgrpo.rollout.execution import RolloutSpec
+
+        spec = RolloutSpec(model_cfg, str(model_path) if model_path else None, rollout_cfg)
+        engine = backend.engine(policy, spec)
+    return evaluate(engine, cfg, log_metrics, tasks=tasks)

@@ -1,0 +1,2 @@
+"""Policy models: profiles and budgets, building and loading weights, reward tokens, LoRA, export
+for serving. The one place transformers and peft load a model. May import: bfcl, chat, runtime."""

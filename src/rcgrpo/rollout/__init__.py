@@ -1,0 +1,2 @@
+"""Serving rollouts: the token-in-token-out agent loop, the engines (transformers, vLLM server) and
+where rollouts run (this process or Ray workers). May import: models, chat, bfcl, runtime, config."""

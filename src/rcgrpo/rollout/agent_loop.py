@@ -1,0 +1,286 @@
+"""Token-in-token-out multi-turn rollout of one BFCL episode, and SFT rendering of a record.
+
+`AgentLoop` is a small state machine (verl's idea) that an engine drives: `pending()` gives the
+ids to continue from, the engine samples, `feed()` appends the sampled ids (mask 1, with their
+log-probs), parses and executes the calls, and appends the tool observations / next user turn
+as tokens (mask 0). Ids are never re-tokenised: what the trainer sees is what was sampled.
+
+Protocols:
+* "combined" (paper): one prompt "Step 1: ... Step n: ..." with a `done()` tool; every function
+  is listed from the start; `done()` ends the episode and is not scored.
+* "bfcl" (official): user turns one at a time; in miss_func the held-out functions are listed in
+  the reveal turn's user message; BFCL's per-turn step limit (hitting it ends the episode, as
+  BFCL's force-quit does).
+Stops: done / a message with no parsable call (ends the turn) / step limit / token budget.
+
+    .venv/bin/pytest tests/test_agent_loop.py -q
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rcgrpo.bfcl.checkers import Verdict, score, score_many
+from rcgrpo.bfcl.environment import STEP_LIMIT, Episode
+from rcgrpo.bfcl.tasks import Task, load_split
+from rcgrpo.chat import prompts
+from rcgrpo.chat.record import Provenance, Trajectory
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_new_tokens: int = 128  # per model message
+    max_total_tokens: int = 2048  # whole episode: prompt + every turn
+    max_steps: int = STEP_LIMIT  # model messages per turn
+
+
+@dataclass
+class Rollout:
+    """One finished episode. ids/mask/logprobs are aligned, length T."""
+
+    task_id: str
+    protocol: str
+    reward_token: str | None
+    ids: list[int]  # (T,) the exact sequence: prompt, sampled ids, observation ids
+    mask: list[int]  # (T,) 1 = sampled by the policy (train on it), 0 = prompt/tool/forced
+    logprobs: list[float]  # (T,) sampling policy's log p(token) at temperature 1; 0.0 where mask 0
+    prompt_len: int  # ids[:prompt_len] is the first prompt (reward goal included)
+    messages: list[dict]  # the conversation; decode(ids) == chat template rendering of it
+    calls: list[list[list[str]]]  # per turn, per step, call strings (checkers' layout)
+    stop_reason: str  # "done" | "no_calls" | "finished" | "step_limit" | "token_budget"
+    trajectory: Trajectory  # the record, scored with both checkers
+
+    @property
+    def reward(self) -> int:
+        return self.trajectory.paper_reward
+
+    @property
+    def n_sampled(self) -> int:
+        return sum(self.mask)
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return self.mask
+
+
+def first_messages(
+    task: Task, episode: Episode, protocol: str, reward_token: str | None, compact: bool
+) -> tuple[list[dict], list[dict]]:
+    """(messages, tools) of the first prompt; the episode must be at turn 0."""
+    system = prompts.SYSTEM_PROMPT
+    docs = episode.tool_docs()
+    if protocol == "combined":
+        system += prompts.COMBINED_SUFFIX
+        docs = [*docs, prompts.DONE_DOC]
+        user = prompts.combined_request(list(task.turns))
+    else:
+        user = "\n".join(m["content"] for m in task.turns[0])
+    user = prompts.with_reward_goal(user, reward_token)
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return messages, prompts.tool_entries(docs, compact)
+
+
+def _with_revealed_docs(task: Task, turn: int, content: str, protocol: str, compact: bool) -> str:
+    """A bfcl-protocol reveal turn's user message with the docs of the functions it reveals."""
+    names = sorted(task.missed_functions.get(turn, []))
+    if protocol != "bfcl" or not names or prompts.NEW_FUNCTIONS_HEADER in content:
+        return content
+    docs = [d for d in task.function_docs if d["name"] in names]
+    return content + prompts.NEW_FUNCTIONS_HEADER + prompts.tools_text(docs, compact)
+
+
+class AgentLoop:
+    """One episode in flight. Drive it: while (ids := loop.pending()) is not None: feed(...)."""
+
+    def __init__(
+        self,
+        task: Task,
+        renderer: prompts.Renderer,
+        protocol: str = "combined",
+        reward_token: str | None = None,
+        limits: Limits = Limits(),
+        compact_docs: bool = True,
+        provenance: Provenance | None = None,
+    ):
+        if protocol not in ("bfcl", "combined"):
+            raise ValueError(f"protocol must be 'bfcl' or 'combined', got {protocol!r}")
+        self.task, self.renderer, self.protocol, self.limits = task, renderer, protocol, limits
+        self.reward_token, self.compact = reward_token, compact_docs
+        self.provenance = provenance or Provenance(generator="rollout")
+        self.episode = Episode(task, hide_missed=protocol == "bfcl", step_limit=limits.max_steps)
+        self.episode.begin_turn(0)
+        self.messages, self.tools = first_messages(
+            task, self.episode, protocol, reward_token, compact_docs
+        )
+        self.ids = renderer.prompt(self.messages, self.tools)
+        self.prompt_len = len(self.ids)
+        self.mask = [0] * len(self.ids)
+        self.logprobs = [0.0] * len(self.ids)
+        self.calls: list[list[list[str]]] = [[]]
+        self.pending_messages: list[dict] = []  # shown to the model with the next prompt
+        self.stop_reason = ""
+        if self.prompt_len + 1 >= limits.max_total_tokens:  # no room for a single sampled token
+            self._finish("token_budget")
+
+    # -- what the engine sees -----------------------------------------------------------------
+    def pending(self) -> list[int] | None:
+        """The ids to generate from, or None when the episode is over."""
+        return None if self.stop_reason else self.ids
+
+    def max_new(self) -> int:
+        return min(self.limits.max_new_tokens, self.limits.max_total_tokens - len(self.ids) - 1)
+
+    def feed(self, sampled: list[int], logprobs: list[float]) -> None:
+        """Append one sampled message (its stop token included if sampled), act on it."""
+        stopped = bool(sampled) and sampled[-1] == self.renderer.stop_id
+        content_ids = sampled[:-1] if stopped else sampled
+        self._append(sampled, 1, logprobs)
+        if not stopped:  # cut by max_new: close the message with a forced (unsampled) stop
+            self._append([self.renderer.stop_id], 0)
+        text = self.renderer.decode(content_ids)
+        step = self.episode.step(text)
+        message = {"role": "assistant", "content": text}
+        if step.calls:
+            message["tool_calls"] = [str(c) for c in step.calls]
+        self.messages.append(message)
+        if not step.calls:  # prose or unparsable: the turn ends (BFCL: decode failure ends it)
+            return self._end_turn("no_calls")
+        executed = [str(c) for c in step.calls if c.name != "done"]
+        if executed:  # a bare done() is not a step of the trajectory
+            self.calls[-1].append(executed)
+        if any(c.name == "done" for c in step.calls) and self.protocol == "combined":
+            return self._finish("done")
+        self.pending_messages += [{"role": "tool", "content": o} for o in step.observations]
+        if self.episode.steps_left <= 0:
+            return self._finish("step_limit")
+        self._continue()
+
+    # -- internals ----------------------------------------------------------------------------
+    def _append(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
+        self.ids += ids
+        self.mask += [mask] * len(ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+
+    def _end_turn(self, reason: str) -> None:
+        if self.protocol == "combined" or self.episode.turn + 1 >= self.episode.n_turns:
+            return self._finish(reason if self.protocol == "combined" else "finished")
+        user = self.episode.begin_turn()
+        turn = self.episode.turn
+        last = _with_revealed_docs(self.task, turn, user[-1]["content"], "bfcl", self.compact)
+        user = [*user[:-1], {**user[-1], "content": last}]
+        self.pending_messages += user
+        self.calls.append([])
+        self._continue()
+
+    def _continue(self) -> None:
+        """Append the pending messages + generation prompt as tokens, if the budget allows."""
+        history = [{k: m[k] for k in ("role", "content")} for m in self.messages]
+        ids = self.renderer.continuation(history, self.pending_messages, self.tools, True)
+        if len(self.ids) + len(ids) + 1 >= self.limits.max_total_tokens:
+            return self._finish("token_budget")
+        self._append(ids, 0)
+        self.messages += self.pending_messages
+        self.pending_messages = []
+
+    def _finish(self, reason: str) -> None:
+        """Close the sequence so that decode(ids) == rendering of self.messages."""
+        self.stop_reason = reason
+        self.pending_messages = []  # never shown to the model: not part of the record
+        self._append(self.renderer.encode(self.renderer.after_stop), 0)
+
+    def result(self, verdicts: tuple[Verdict, Verdict] | None = None) -> Rollout:
+        """The finished rollout, scored here unless `verdicts` = (paper, bfcl) are given
+        (`results` scores a whole batch of loops in one request to the sandbox worker)."""
+        if not self.stop_reason:
+            raise RuntimeError(f"{self.task.id}: episode still running")
+        paper, bfcl = verdicts or score(self.task, self.calls, self.protocol)
+        trajectory = Trajectory(
+            task_id=self.task.id,
+            category=self.task.category,
+            split=load_split()[self.task.id],
+            protocol=self.protocol,
+            messages=self.messages,
+            calls=self.calls,
+            paper_reward=paper.reward,
+            bfcl_reward=bfcl.reward,
+            provenance=self.provenance,
+            reward_token=self.reward_token,
+            reward_reason={
+                "paper": paper.to_dict(),
+                "bfcl": bfcl.to_dict(),
+                "stop": self.stop_reason,
+            },
+        )
+        return Rollout(
+            self.task.id, self.protocol, self.reward_token, self.ids, self.mask, self.logprobs,
+            self.prompt_len, self.messages, self.calls, self.stop_reason, trajectory,
+        )  # fmt: skip
+
+
+def results(loops: list[AgentLoop]) -> list[Rollout]:
+    """`result()` of every finished loop, scored in one request per protocol.
+
+    One round trip to the sandbox worker per trajectory costs ~0.2 ms of process switches on
+    top of ~0.25 ms of replay; a rollout batch (an RL step's n x G episodes, an evaluation
+    shard) shares them (bench/executor.py, the k = 40 row). Verdicts equal `result()`'s.
+    """
+    verdicts: list = [None] * len(loops)
+    for protocol in dict.fromkeys(loop.protocol for loop in loops):
+        index = [i for i, loop in enumerate(loops) if loop.protocol == protocol]
+        scored = score_many([(loops[i].task, loops[i].calls) for i in index], protocol)
+        for i, verdict in zip(index, scored, strict=True):
+            verdicts[i] = verdict
+    return [loop.result(v) for loop, v in zip(loops, verdicts, strict=True)]
+
+
+@dataclass
+class Example:
+    """An SFT example: ids (T,) and the assistant-only loss mask (T,)."""
+
+    ids: list[int]
+    mask: list[int]
+    task_id: str = ""
+    reward_token: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def render_example(trajectory: Trajectory, policy) -> Example:
+    """A recorded trajectory as token ids + assistant-only mask, laid out exactly as rollouts
+    of `policy` (a models.Policy) are: same system prompt, tools, reward goal, continuations. The system and first user
+    message are rebuilt from the task (so a record from any source renders the same prompt);
+    the remaining messages are taken from the record. An assistant message's text is `content`,
+    or the BFCL python list of its `tool_calls` when content is empty."""
+    from rcgrpo.bfcl.tasks import get_task
+
+    renderer, compact_docs = prompts.Renderer(policy.tokenizer, policy.stop_id), policy.compact_docs
+    task = get_task(trajectory.task_id)
+    episode = Episode(task, hide_missed=trajectory.protocol == "bfcl")
+    episode.begin_turn(0)
+    messages, tools = first_messages(
+        task, episode, trajectory.protocol, trajectory.reward_token, compact_docs
+    )
+    rest = trajectory.messages[[m["role"] for m in trajectory.messages].index("user") + 1 :]
+    ids = renderer.prompt(messages, tools)
+    mask = [0] * len(ids)
+    pending: list[dict] = []
+    turn = 0
+    for message in rest:
+        if message["role"] != "assistant":
+            content = message.get("content") or ""
+            if message["role"] == "user":
+                turn += 1
+                content = _with_revealed_docs(
+                    task, turn, content, trajectory.protocol, compact_docs
+                )
+            pending.append({"role": message["role"], "content": content})
+            continue
+        if pending:  # observations / user turn between two assistant messages
+            piece = renderer.continuation(messages, pending, tools, True)
+            ids, mask = ids + piece, mask + [0] * len(piece)
+            messages, pending = messages + pending, []
+        text = message.get("content") or prompts.format_calls(message.get("tool_calls") or [])
+        piece = renderer.encode(text) + [renderer.stop_id]
+        ids, mask = ids + piece, mask + [1] * len(piece)
+        messages = [*messages, {"role": "assistant", "content": text}]
+    tail = renderer.encode(renderer.after_stop)
+    return Example(ids + tail, mask + [0] * len(tail), task.id, trajectory.reward_token)

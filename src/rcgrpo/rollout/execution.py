@@ -1,0 +1,242 @@
+"""Where rollouts run: in this process (`local`, the default) or on Ray workers (`ray`).
+
+The one module that imports ray (only when execution.backend is "ray"). A rollout call is cut
+into shards of `shard_size` episodes (whole GRPO groups in RL); each episode keeps its index in
+the whole call (Engine.rollout's first_index), so its sampling seeds do not depend on which
+shard or worker runs it. The local backend runs the very same shards in order in this process:
+the HF engine's batch composition (padding length, batched matmuls) could change the last bit
+of a logit, so both backends batch exactly the same episodes and give identical numbers.
+
+Ray workers are actors (`RolloutWorker`) that build their own policy and engine from what is
+sent (ModelConfig, model path, RolloutConfig; task ids; for RL the trainable weights of the
+current step as one object-store entry): nothing live or unpicklable crosses. A worker that dies
+is restarted by Ray (max_restarts) and its shard retried (max_task_retries); results are
+gathered by shard index, so nothing is lost or duplicated.
+
+Why Ray actors inside a Prefect task, not prefect-ray's RayTaskRunner: the fan-out unit needs a
+warm worker holding a loaded model (a Ray task per shard would reload it), and a Prefect task
+run per shard would need the Prefect API reachable from every cluster node and add a task-run
+record per shard; the stage stays one Prefect task and one MLflow run, tagged with the Ray job.
+
+    with session(ExecutionConfig(backend="ray")) as backend:
+        engine = backend.engine(policy, RolloutSpec(model_cfg, model_path, rollout_cfg))
+        rollouts = engine.rollout(tasks, reward_tokens, protocol, seed)
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+OBJECT_STORE_BYTES = 512 * 2**20  # a local Ray started here: bounded shared memory (2-core box)
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """params.yaml `execution:` section."""
+
+    backend: Literal["local", "ray"] = "local"  # local: this process; ray: Ray actor workers
+    address: str = (
+        "auto"  # auto: running cluster (RAY_ADDRESS / ray start) else a local one; ray://host:10001
+    )
+    workers: int = 2  # Ray actors, each with its own policy and engine
+    cpus_per_worker: float = 1.0  # Ray CPUs reserved per worker
+    gpus_per_worker: float = 0.0  # Ray GPUs per worker (vLLM replicas on a GPU cluster)
+    memory_per_worker_gb: float = 2.0  # Ray memory reserved per worker (scheduling)
+    shard_size: int = 16  # episodes per shard, both backends (RL: rounded up to whole groups)
+    max_retries: int = 3  # restarts of a dead worker and retries of its shard
+
+    def __post_init__(self):
+        if self.backend not in ("local", "ray"):
+            raise ValueError(f"execution.backend must be 'local' or 'ray', got {self.backend!r}")
+        if self.workers < 1 or self.shard_size < 1 or self.max_retries < 0:
+            raise ValueError("execution.workers and shard_size must be >= 1, max_retries >= 0")
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """What a worker needs to build its engine: the policy's config and saved folder (None: the
+    base model) and the rollout settings."""
+
+    model: object  # rcgrpo.models.profiles.ModelConfig
+    path: str | None
+    rollout: object  # rcgrpo.rollout.engine.RolloutConfig
+
+
+def make_engine(cfg, policy):
+    """The engine a RolloutConfig names: "hf" (transformers) or "vllm" (imported only here)."""
+    if cfg.engine == "vllm":
+        from rcgrpo.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(cfg, policy)
+    from rcgrpo.rollout.hf import HFEngine
+
+    return HFEngine(cfg, policy)
+
+
+def shard_bounds(n: int, size: int, group: int = 1) -> list[tuple[int, int]]:
+    """[(start, end)] cutting n episodes into shards of `size` rounded up to whole groups."""
+    step = -(-size // group) * group
+    return [(s, min(n, s + step)) for s in range(0, n, step)]
+
+
+def trainable_state(model) -> dict:
+    """The trainable weights (all of a full fine-tune, the adapters of LoRA) on the CPU."""
+    return {k: p.detach().cpu().clone() for k, p in model.named_parameters() if p.requires_grad}
+
+
+def _load(spec: RolloutSpec):
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.runtime import apply_defaults
+
+    apply_defaults()
+    policy = load_policy(spec.model, adapter_path=spec.path)
+    return policy, make_engine(spec.rollout, policy)
+
+
+def run_shard(engine, task_ids, tokens, protocol, seed, first_index):
+    from rcgrpo.bfcl.tasks import get_task
+
+    tasks = [get_task(t) for t in task_ids]
+    return engine.rollout(tasks, list(tokens), protocol, seed, first_index=first_index)
+
+
+class ShardedEngine:
+    """The Engine interface (rollout, sync) over shards, run locally or on Ray workers."""
+
+    def __init__(self, local_engine=None, actors=None, group: int = 1, shard_size: int = 16):
+        self.local, self.actors, self.group, self.size = local_engine, actors, group, shard_size
+        self.weights, self.version = None, 0
+
+    def sync(self, policy) -> None:
+        if self.local is not None:
+            return self.local.sync(policy)
+        import ray
+
+        self.weights, self.version = ray.put(trainable_state(policy.model)), self.version + 1
+
+    def rollout(self, tasks, reward_tokens=None, protocol=None, seed=0):
+        if reward_tokens is None or isinstance(reward_tokens, str):
+            reward_tokens = [reward_tokens] * len(tasks)
+        ids = [t.id for t in tasks]
+        bounds = shard_bounds(len(tasks), self.size, self.group)
+        if self.local is not None:  # the same shards, in order, in this process
+            out = []
+            for s, e in bounds:
+                out += self.local.rollout(
+                    tasks[s:e], reward_tokens[s:e], protocol, seed, first_index=s
+                )
+            return out
+        from ray.util import ActorPool
+
+        pool = ActorPool(self.actors)
+        args = [(ids[s:e], reward_tokens[s:e], protocol, seed, s) for s, e in bounds]
+        weights = [self.weights]  # nested: resolved by the worker only when its version is old
+        parts = pool.map(lambda a, x: a.rollout.remote(*x, self.version, weights), args)
+        out = [r for part in parts for r in part]
+        if [r.task_id for r in out] != ids:
+            raise RuntimeError("sharded rollout lost or duplicated episodes")
+        return out
+
+
+class RolloutWorker:
+    """A Ray actor: one policy + engine, built from a RolloutSpec; serves shards."""
+
+    def __init__(self, spec: RolloutSpec):
+        self.policy, self.engine = _load(spec)
+        self.version, self.busy = 0, False
+
+    def rollout(self, task_ids, tokens, protocol, seed, first_index, version=0, weights=None):
+        if version != self.version and weights and weights[0] is not None:
+            import ray
+            import torch
+
+            state = ray.get(weights[0])
+            with torch.no_grad():
+                for name, p in self.policy.model.named_parameters():
+                    if name in state:
+                        p.copy_(state[name])
+            self.engine.sync(self.policy)
+            self.version = version
+        self.busy = True
+        try:
+            return run_shard(self.engine, task_ids, tokens, protocol, seed, first_index)
+        finally:
+            self.busy = False
+
+    def state(self) -> tuple[int, bool]:
+        """(pid, busy): answered from the control thread even while a shard runs."""
+        return os.getpid(), self.busy
+
+
+class Backend:
+    def __init__(self, cfg: ExecutionConfig, ray_mod=None):
+        self.cfg, self.ray, self.actors = cfg, ray_mod, []
+
+    def engine(self, policy, spec: RolloutSpec, group: int = 1, local_engine=None):
+        """A ShardedEngine: local (local_engine, or one built on `policy`) or on Ray workers."""
+        if self.ray is None:
+            local = local_engine or make_engine(spec.rollout, policy)
+            return ShardedEngine(local, group=group, shard_size=self.cfg.shard_size)
+        cfg, ray = self.cfg, self.ray
+
+        class Worker(RolloutWorker):  # state() answers from its own thread while a shard runs
+            @ray.method(concurrency_group="control")
+            def state(self):
+                return RolloutWorker.state(self)
+
+        cls = ray.remote(concurrency_groups={"control": 1})(Worker)
+        opts = dict(num_cpus=cfg.cpus_per_worker, num_gpus=cfg.gpus_per_worker,
+                    memory=int(cfg.memory_per_worker_gb * 2**30), max_restarts=cfg.max_retries,
+                    max_task_retries=cfg.max_retries)  # fmt: skip
+        actors = [cls.options(**opts).remote(spec) for _ in range(cfg.workers)]
+        self.actors += actors
+        return ShardedEngine(actors=actors, group=group, shard_size=cfg.shard_size)
+
+    def worker_states(self) -> list[tuple[int, bool]]:
+        return self.ray.get([a.state.remote() for a in self.actors])
+
+    def tags(self) -> dict:
+        """MLflow tags linking the stage's run to the Ray job (none for local)."""
+        if self.ray is None:
+            return {"execution.backend": "local"}
+        ctx = self.ray.get_runtime_context()
+        return {"execution.backend": "ray", "ray.job_id": ctx.get_job_id(),
+                "ray.address": self.ray.get_runtime_context().gcs_address,
+                "execution.workers": str(self.cfg.workers)}  # fmt: skip
+
+
+@contextmanager
+def session(cfg: ExecutionConfig | None = None):
+    """A Backend for one stage; with ray, connects (or starts a local cluster) and cleans up."""
+    cfg = cfg or ExecutionConfig()
+    if cfg.backend == "local":
+        yield Backend(cfg)
+        return
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        from rcgrpo.config import PROCESS_SETS_ENV
+        from rcgrpo.runtime import DEFAULTS
+
+        env_vars = dict(DEFAULTS)  # and the CLI's --set env.* for the actors' tool workers
+        if PROCESS_SETS_ENV in os.environ:
+            env_vars[PROCESS_SETS_ENV] = os.environ[PROCESS_SETS_ENV]
+        env = {"runtime_env": {"env_vars": env_vars}}
+        try:
+            ray.init(address=cfg.address, **env)
+        except ConnectionError:  # auto and no running cluster: a local one, stopped at the end
+            ray.init(num_cpus=max(2, cfg.workers), object_store_memory=OBJECT_STORE_BYTES,
+                     include_dashboard=False, **env)  # fmt: skip
+        started = True
+    backend = Backend(cfg, ray)
+    try:
+        yield backend
+    finally:
+        for a in backend.actors:
+            ray.kill(a)
+        if started:
+            ray.shutdown()

@@ -1,0 +1,2 @@
+"""Tracking: MLflow runs (code, data and config versions), the Model Registry, and the run report.
+The only stage that imports mlflow. May import: evaluation and every layer below."""

@@ -1,0 +1,70 @@
+"""The MLflow Model Registry and reading runs back: model versions tagged with their data, code
+and metrics; a pipeline's stage runs; metric histories for plots; the UI link of a run.
+
+    .venv/bin/pytest tests/test_tracking.py -q
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+from rcgrpo.tracking.runs import _as_dict
+
+
+def register_model(
+    run_id: str,
+    artifact_path: str,
+    name: str,
+    config=None,
+    metrics: dict | None = None,
+    description: str = "",
+):
+    """A new version of registered model `name` whose source is `runs:/<run>/<artifact_path>`
+    (log the adapter folder there first), tagged with the run's data version, git commit, its
+    config (JSON) and `metrics` (one tag each). Returns the ModelVersion."""
+    client = MlflowClient()
+    run = client.get_run(run_id)
+    with contextlib.suppress(mlflow.exceptions.MlflowException):
+        client.create_registered_model(name)  # already exists: fine
+    tags = {
+        k: run.data.tags.get(k, "")
+        for k in ("data.rev", "data.md5", "data.version", "git.commit", "git.dirty")
+    }
+    tags["config"] = json.dumps(_as_dict(config), default=str)[:5000]
+    for key, value in (metrics or {}).items():
+        tags[f"metric.{key}"] = str(value)
+    source = f"{run.info.artifact_uri.rstrip('/')}/{artifact_path}"
+    return client.create_model_version(
+        name, source=source, run_id=run_id, tags=tags, description=description or None
+    )
+
+
+def child_runs(parent_run_id: str) -> list:
+    """Runs whose parent is `parent_run_id` (e.g. a pipeline's stage runs), oldest first."""
+    client = MlflowClient()
+    parent = client.get_run(parent_run_id)
+    runs = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
+        order_by=["attributes.start_time ASC"],
+    )
+    return list(runs)
+
+
+def metric_histories(run_id: str) -> dict[str, list[tuple[int, float]]]:
+    """Every metric of the run as {name: [(step, value), ...]} sorted by step (for plots)."""
+    client = MlflowClient()
+    names = client.get_run(run_id).data.metrics
+    return {
+        k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in names
+    }
+
+
+def run_url(run_id: str, host: str = "http://127.0.0.1:5000") -> str:
+    """Where the MLflow UI (`rcgrpo ui`) shows the run."""
+    run = MlflowClient().get_run(run_id)
+    return f"{host}/#/experiments/{run.info.experiment_id}/runs/{run_id}"

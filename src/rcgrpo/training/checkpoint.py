@@ -1,0 +1,145 @@
+"""Training checkpoints that resume exactly: trainable weights, optimizer, scheduler, RNGs, step.
+
+Only parameters with requires_grad are stored (a LoRA run stores its adapter and the reward-token
+rows, not the frozen base), so a checkpoint of a 7B LoRA run stays small. `load` restores them
+into the same model object and puts every random generator back where it was, so on the CPU a
+resumed run draws the same numbers as one that never stopped (tests/test_trainer.py checks it).
+Files are written to a temporary folder and renamed: a crash never leaves half a checkpoint.
+`state.pt` is read with `torch.load(weights_only=True)`: only tensors and plain containers load,
+so a crafted checkpoint cannot run code (the RNG states are stored as tensors and lists for that;
+tests/test_trainer.py has a pickle whose os.system payload must not run).
+
+    save(path, model, optimizer, scheduler, step, extra={"generator": gen.get_state()})
+    state = load(latest(run_dir), model, optimizer, scheduler)   # -> {"step": ..., "extra": ...}
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+from rcgrpo.runtime import replace_dir
+
+PREFIX = "step_"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that is not one rcgrpo wrote (or holds more than tensors), or an
+    output folder that cannot be written."""
+
+
+def check_writable(out_dir: str | Path) -> Path:
+    """Create `out_dir` and write+remove a probe file in it, before any training: an unwritable
+    out_dir fails in a second instead of after the run (then nothing trained is lost)."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".rcgrpo-write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise CheckpointError(
+            f"out_dir {out} is not writable ({e.strerror or e}): pass --set out_dir=<a folder "
+            "you can write>; nothing was trained"
+        ) from None
+    return out
+
+
+def rng_state() -> dict:
+    """Every generator's state as tensors / lists / numbers (what weights_only=True loads)."""
+    import numpy as np
+
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": [version, list(words), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    import numpy as np
+
+    version, words, gauss = state["python"]
+    random.setstate((version, tuple(words), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def save(
+    path: str | Path, model, optimizer, scheduler, step: int, extra: dict | None = None
+) -> Path:
+    """Write <path> (a folder) holding state.pt; returns the folder."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save(
+        {
+            "step": step,
+            "model": trainable_state(model),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "rng": rng_state(),
+            "extra": extra or {},
+        },
+        tmp / "state.pt",
+    )
+    return replace_dir(tmp, path)
+
+
+def load(path: str | Path, model, optimizer=None, scheduler=None) -> dict:
+    """Restore a checkpoint folder into live objects; returns {"step", "extra"}."""
+    path = Path(path)
+    if not (path / "state.pt").exists():
+        raise FileNotFoundError(f"{path} holds no state.pt: not a checkpoint written by rcgrpo")
+    try:  # weights_only: a pickle that would import or call anything is refused, not run
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{path / 'state.pt'} holds more than tensors and plain values, refused to load it "
+            f"(not a checkpoint written by rcgrpo, or tampered with): {first}"
+        ) from None
+    params = dict(model.named_parameters())
+    missing = sorted(set(state["model"]) - set(params))
+    if missing:
+        raise ValueError(f"{path}: checkpoint has parameters the model lacks: {missing[:5]}")
+    with torch.no_grad():
+        for name, tensor in state["model"].items():
+            params[name].copy_(tensor)
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return {"step": state["step"], "extra": state["extra"]}
+
+
+def latest(run_dir: str | Path) -> Path | None:
+    """The checkpoint folder with the highest step under run_dir/checkpoints, or None."""
+    folder = Path(run_dir) / "checkpoints"
+    found = (
+        [p for p in folder.glob(f"{PREFIX}*") if (p / "state.pt").exists()]
+        if folder.exists()
+        else []
+    )
+    return max(found, key=lambda p: int(p.name[len(PREFIX) :]), default=None)
+
+
+def path_for(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"{PREFIX}{step:06d}"

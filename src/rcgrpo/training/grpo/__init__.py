@@ -1,0 +1,2 @@
+"""RC-GRPO / GRPO: the algorithm as pure functions (core_algos) and the loop around it (config,
+rollouts, update, metrics, trainer, run). May import what training may."""

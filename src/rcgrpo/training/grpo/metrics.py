@@ -1,0 +1,59 @@
+"""The metrics of one RL step, by name (each defined once in docs/metrics.md): `reward/*` from the
+step's scores and tokens, `rollout/*` from the groups, `loss/*` from the optimizer steps,
+`perf/*` from the wall clock.
+
+    .venv/bin/pytest tests/test_trainer.py -q
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rcgrpo.chat.record import HIGH
+from rcgrpo.training.grpo.config import RLConfig
+from rcgrpo.training.grpo.core_algos import group_reward_stats
+from rcgrpo.training.grpo.rollouts import StepRollouts
+
+
+def step_metrics(cfg: RLConfig, step: StepRollouts, mask, gap, updates: list[dict], lr: float,
+                 step_seconds: float) -> dict:  # fmt: skip
+    """mask (B, T-1): the sampled tokens; gap: summed |engine - trainer| log-prob over them;
+    updates: the stats of each optimizer step (update.ppo_updates)."""
+    rewards, adv, G = step.rewards, step.advantages, cfg.group_size
+    col = 0 if cfg.reward == "paper" else 1
+    acc = {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
+    gen_tokens = float(mask.sum())
+    metrics = {
+        "reward/mean": float(rewards.mean()),
+        "reward/other_checker_mean": float(
+            torch.tensor([s[1 - col] for s in step.scores]).float().mean()
+        ),
+        **{f"rollout/{k}": v for k, v in group_reward_stats(rewards).items()},
+        "rollout/adv_std": float(adv.std(unbiased=False)),
+        "rollout/adv_abs_mean": float(adv.abs().mean()),
+        "rollout/zero_adv_frac": float((adv == 0).float().mean()),
+        "rollout/response_tokens": gen_tokens / len(step.rollouts),
+        "rollout/logprob_gap": float(gap / mask.sum().clamp(min=1)),
+        "loss/total": acc["total"],
+        "loss/pg": acc["pg_loss"],
+        "loss/kl": acc["kl"],
+        "loss/clip_frac": acc["clip_frac"],
+        "loss/ratio_mean": acc["ratio_mean"],
+        "loss/clip_frac_last": updates[-1]["clip_frac"],  # the most off-policy update
+        "loss/ratio_mean_last": updates[-1]["ratio_mean"],
+        "loss/optimizer_steps": len(updates),
+        "loss/entropy": acc["entropy"],
+        "loss/grad_norm": acc["grad_norm"],
+        "loss/lr": lr,
+        "perf/gen_tokens_per_s": gen_tokens / max(step.seconds, 1e-9),
+        "perf/rollout_s": step.seconds,
+        "perf/step_s": step_seconds,
+    }
+    if cfg.conditioning == "rc":  # per-token means only for tokens drawn this step
+        is_high = torch.tensor([t == HIGH for t in step.tokens]).view(-1, G)
+        for name, sel in (("high", is_high), ("low", ~is_high)):
+            if sel.any():
+                metrics[f"reward/mean_{name}"] = float(rewards[sel].mean())
+        if is_high.any() and (~is_high).any():
+            metrics["reward/token_gap"] = metrics["reward/mean_high"] - metrics["reward/mean_low"]
+    return metrics

@@ -1,0 +1,89 @@
+"""One RL stage end to end: load the fine-tuned policy, pick the RL tasks, train, save, summarise.
+
+`run_rl` is what `rcgrpo train rl`, the `rl` stage of dvc.yaml and the pipeline's RL flow call.
+The RL tasks are the tasks of the fine-tuning data (`rl.tasks_from`, default
+data/rctp/train.jsonl): RL improves the policy on what it was fine-tuned for, as in the paper,
+where both stages use the 720 train tasks; on a subset (the CPU default) RL stays on that subset
+instead of drawing tasks the policy never saw.
+
+    rcgrpo train rl                                  # params.yaml `rl:` + `model:` + `rollout:`
+    rcgrpo train rl --set tasks_from=""              # every train task (720)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from rcgrpo.training.grpo.trainer import LogMetrics, RLConfig, Trainer
+
+
+def rl_tasks(cfg: RLConfig):
+    """The tasks RL draws from: those of cfg.tasks_from (train split only), else all 720."""
+    from rcgrpo.bfcl.tasks import tasks_in
+    from rcgrpo.data.dataset import tasks_of
+
+    return tasks_of(cfg.tasks_from, "train") if cfg.tasks_from else tasks_in("train")
+
+
+def write_summary(out: Path) -> dict:
+    """<out>/metrics.json for dvc.yaml: the last step's metrics + run means of the key ones."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = {k: v for k, v in rows[-1].items() if not k.startswith("perf/")}
+    for key in ("reward/mean", "rollout/zero_variance_frac", "rollout/within_group_std"):
+        summary[f"{key}_run_mean"] = sum(r[key] for r in rows) / len(rows)
+    (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def run_rl(
+    cfg: RLConfig,
+    model_cfg,
+    rollout_cfg=None,
+    log_metrics: LogMetrics | None = None,
+    log_artifact: Callable[[Path], None] | None = None,
+    resume: bool = False,
+    backend=None,
+) -> Path:
+    """Load the initial policy (cfg.start_path), train on the RL tasks, save <out_dir>/final."""
+    from rcgrpo.models.loading import load_policy, save_policy
+    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.execution import make_engine
+    from rcgrpo.training import distributed
+
+    start = Path(cfg.start_path)
+    if not start.exists():
+        raise FileNotFoundError(
+            f"initial model {start} not found: run `rcgrpo train {cfg.init}` first, "
+            "or set rl.init_path to a folder written by save_policy"
+        )
+    from rcgrpo.training.checkpoint import check_writable
+
+    check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
+    tasks = rl_tasks(cfg)  # before loading the model: a missing data file fails in a second
+    rollout_cfg = rollout_cfg or RolloutConfig(protocol=cfg.protocol)
+    policy = load_policy(model_cfg, adapter_path=start)
+    engine = make_engine(rollout_cfg, policy)
+    if (
+        backend is not None
+    ):  # rcgrpo.rollout.execution: the same shards (whole groups), local or Ray
+        from rcgrpo.rollout.execution import RolloutSpec
+
+        spec = RolloutSpec(model_cfg, str(start), rollout_cfg)
+        engine = backend.engine(policy, spec, group=cfg.group_size, local_engine=engine)
+    trainer = Trainer(policy, engine, tasks, cfg, log_metrics, temperature=rollout_cfg.temperature)
+    trainer.out.mkdir(parents=True, exist_ok=True)
+    (trainer.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+    (trainer.out / "tasks.json").write_text(json.dumps([t.id for t in tasks], indent=1))
+    trainer.train(resume=resume)
+    if not distributed.is_main():  # under `accelerate launch` rank 0 saves (same weights)
+        return trainer.out / "final"
+    training = {"stage": "rl", "protocol": cfg.protocol, "init": cfg.init,
+                "conditioning": cfg.conditioning, "p_high": cfg.p_high}  # fmt: skip
+    final = save_policy(policy, trainer.out / "final", training)
+    write_summary(trainer.out)
+    if log_artifact is not None:
+        log_artifact(final)
+    return final

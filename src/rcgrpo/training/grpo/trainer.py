@@ -1,0 +1,195 @@
+"""The RC-GRPO / GRPO loop: sample tasks, G rollouts each, score, advantages, clipped update.
+
+One step: draw `tasks_per_step` distinct training tasks; give each of its G rollouts a reward
+token (RC-GRPO: one sampled per rollout by core_algos.sample_reward_tokens; GRPO: none); roll out
+through the engine (which returns the sampled ids, the sampled-token mask and sampling log-probs:
+we train on exactly those ids, never a re-rendered chat); score with the paper's R (or BFCL's
+check); group advantages; pi_old and the reference log-probs once, with no grad; then
+`inner_epochs` passes of the PPO-clipped loss with k3 KL to the frozen initial model, each pass
+split into mini-batches of `mini_batch_size` rollouts, one optimizer step each (verl's
+ppo_mini_batch_size; from the second update on, ratio != 1 and the clip acts); then
+`engine.sync(policy)` so the next rollouts come from the new weights.
+
+Every random draw of step s comes from generators seeded by (seed, s), and checkpoints hold the
+weights, optimizer, scheduler and RNG states, so `resume` reproduces on the CPU the metrics of a
+run that was never stopped (all but the wall-clock perf/* ones). Metric names: docs/metrics.md.
+The paper's comparisons are one field away: `init` sft|rctp, `conditioning` none|rc,
+`advantage` grpo|mean|sign.
+
+The step's parts live beside this loop: config.py (RLConfig), rollouts.py (draw, roll out, score,
+advantages), update.py (pi_old, reference, PPO mini-batches), metrics.py (the step's metrics).
+
+    rcgrpo train rl --set init=rctp --set conditioning=rc        # RCTP-FT + RC-GRPO
+    rcgrpo train rl --set init=sft --set conditioning=none --resume
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from rcgrpo.training import checkpoint, distributed
+from rcgrpo.training.grpo import rollouts, update
+from rcgrpo.training.grpo.config import RLConfig, step_seed
+from rcgrpo.training.grpo.core_algos import minibatch_indices
+from rcgrpo.training.grpo.metrics import step_metrics
+
+LogMetrics = Callable[[dict, int], None]
+__all__ = ["LogMetrics", "RLConfig", "Trainer", "step_seed"]
+
+
+class Trainer:
+    """RC-GRPO / GRPO on a policy (`.model`, `.tokenizer`) through a rollout engine.
+
+    score_fn(task, rollout) -> (paper 0/1, bfcl 0/1); default: the rollout's own rewards if it
+    carries them, else rcgrpo.bfcl.checkers.score on its calls. ref_model: the frozen reference
+    (default: the model as given, i.e. the initial SFT / RCTP-FT policy). With LoRA that is a
+    frozen second adapter, a copy of the starting one (models.add_reference_adapter): not
+    `disable_adapter()`, which would be the base before fine-tuning. A full fine-tune has no
+    base to share: its reference is a frozen deep copy of the whole model (unavoidable).
+    Log-probs, entropy and logprob_gap use the LM head at sampled positions only (N, V), never
+    (B, T, V): rcgrpo.training.forward.masked_logits; bench/memory.py measures the difference.
+    temperature: the engine's sampling temperature (rollout.temperature); training log-probs
+    use logits / temperature, the distribution the rollouts were drawn from.
+    """
+
+    def __init__(
+        self,
+        policy,
+        engine,
+        tasks,
+        cfg: RLConfig,
+        log_metrics: LogMetrics | None = None,
+        score_fn=None,
+        ref_model=None,
+        temperature: float = 1.0,
+    ):
+        self.policy, self.engine, self.tasks, self.cfg = policy, engine, list(tasks), cfg
+        self.model = policy.model
+        self.log_metrics = log_metrics
+        self.score_fn = score_fn or self._score
+        self.ref_model = ref_model
+        if temperature <= 0:
+            raise ValueError("RL needs sampling: rollout.temperature must be > 0 (0 is greedy)")
+        self.temperature = temperature
+        self.ref_adapter = None  # a LoRA policy's reference: a frozen adapter inside it
+        if ref_model is None and cfg.kl_coef > 0:
+            if hasattr(self.model, "peft_config"):
+                from rcgrpo.models.lora import add_reference_adapter
+
+                self.ref_adapter = add_reference_adapter(self.model)
+            else:
+                self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=0.0)
+        warm = cfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+        )
+        # under `accelerate launch`: rank 0 rolls out, ranks share updates (else one does all)
+        self.ranks = distributed.for_training(self.model, self.optimizer, self.params)
+        tok = getattr(policy, "tokenizer", None)
+        self.pad_id = getattr(tok, "pad_token_id", None) or 0
+        self.step = 0
+        self.out = Path(cfg.out_dir)
+
+    # -- one step ---------------------------------------------------------------------------------
+    def _score(self, task, rollout) -> tuple[int, int]:
+        return rollouts.score(task, rollout, self.cfg.protocol)
+
+    def draw(self, step: int):
+        """Tasks (n,) and the token of each of the n*G rollouts, from the step's generator."""
+        return rollouts.draw(self.tasks, self.cfg, step)
+
+    def _logprobs(self, model, ids, attn, mask):
+        """Log-probs (B, T-1), logits (N, V) and positions at this run's temperature
+        (update.logprobs)."""
+        return update.logprobs(model, ids, attn, mask, self.temperature)
+
+    def _ref_logprobs(self, ids, attn, mask):
+        """The reference's log-probs (B, T-1), like _logprobs; call under no_grad."""
+        if self.ref_adapter is None:
+            return self._logprobs(self.ref_model, ids, attn, mask)[0]
+        from rcgrpo.models.lora import using_adapter
+
+        with using_adapter(self.model, self.ref_adapter):
+            return self._logprobs(self.model, ids, attn, mask)[0]
+
+    def train_step(self, step: int) -> dict:
+        cfg, t0 = self.cfg, time.perf_counter()
+        tasks, tokens = self.draw(step)
+        out = rollouts.roll_out(self.engine, self.ranks, tasks, tokens, cfg, step, self.score_fn)
+        batch = update.to_batch(out.rollouts, self.pad_id)
+        # PPO schedule; the shuffle has a generator of its own (seeded by the step, not by
+        # draw's stream) so that a resumed run visits the rollouts in the same order.
+        shuffle = torch.Generator().manual_seed(2**32 + step_seed(cfg.seed, step))
+        passes = minibatch_indices(
+            len(out.rollouts), cfg.mini_batch_size, cfg.micro_batch_size, cfg.inner_epochs, shuffle
+        )
+        use_ref = (self.ref_model is not None or self.ref_adapter is not None) and cfg.kl_coef > 0
+        first_pass = [c for mini in passes[0] for c in mini]
+        ref_fn = self._ref_logprobs if use_ref else None
+        old, ref, gap = update.behaviour_logprobs(
+            self.model, batch, first_pass, self._logprobs, self.temperature, ref_fn
+        )
+        lr = self.scheduler.get_last_lr()[0]  # one lr per RL step: warmup counts RL steps
+        self.updates = update.ppo_updates(  # per optimizer step, for inspection
+            self.model, self.optimizer, self.ranks, batch, old, ref, out.advantages, passes, cfg,
+            self._logprobs,
+        )  # fmt: skip
+        self.scheduler.step()
+        self.engine.sync(self.policy)
+        return step_metrics(cfg, out, batch.mask, gap, self.updates, lr, time.perf_counter() - t0)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def save(self, step: int) -> Path:
+        return checkpoint.save(
+            checkpoint.path_for(self.out, step), self.model, self.optimizer, self.scheduler, step
+        )
+
+    def resume(self) -> int:
+        """Load the latest checkpoint under out_dir (if any) and return its step."""
+        ckpt = checkpoint.latest(self.out)
+        if ckpt is None:
+            return 0
+        self.step = checkpoint.load(ckpt, self.model, self.optimizer, self.scheduler)["step"]
+        self.engine.sync(self.policy)
+        return self.step
+
+    def _trim_metrics(self) -> None:
+        """metrics.jsonl keeps steps 1..self.step only: after a resume the steps past the
+        checkpoint are recomputed identically; a fresh run (step 0) starts an empty file
+        instead of appending to an earlier run's (write_summary averages the whole file)."""
+        path = self.out / "metrics.jsonl"
+        if path.exists() and distributed.is_main():
+            kept = [
+                ln for ln in path.read_text().splitlines() if json.loads(ln)["step"] <= self.step
+            ]
+            path.write_text("".join(ln + "\n" for ln in kept))
+
+    def train(self, resume: bool = False, stop_after: int | None = None) -> list[dict]:
+        """Run to cfg.steps (or stop after step `stop_after`, for tests); returns new metrics."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self.resume()
+        self._trim_metrics()
+        history = []
+        last = self.cfg.steps if stop_after is None else min(stop_after, self.cfg.steps)
+        for step in range(self.step + 1, last + 1):
+            metrics = self.train_step(step)
+            self.step = step
+            history.append(metrics)
+            if not distributed.is_main():  # under accelerate rank 0 writes and logs
+                continue
+            with (self.out / "metrics.jsonl").open("a") as fh:
+                fh.write(json.dumps({"step": step, **metrics}) + "\n")
+            if self.log_metrics is not None:
+                self.log_metrics(metrics, step)
+            if self.cfg.save_every and step % self.cfg.save_every == 0:
+                self.save(step)
+        return history

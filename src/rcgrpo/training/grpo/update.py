@@ -1,0 +1,137 @@
+"""The PPO update of one RL step: pi_old and reference log-probs once, then clipped-loss
+mini-batches, one optimizer step each (verl's ppo_mini_batch_size).
+
+pi_old is computed ONCE per batch, before any update, with the weights the engine sampled from
+(in eval mode, as the engine samples); not the engine's log-probs, which are at T = 1 where ours
+are at the sampling temperature. Same micro-batches as the first update, so its forwards are
+bit-identical (ratio exactly 1); from the second update on the ratio leaves 1 and the clip acts.
+Log-probs and entropy use the LM head at sampled positions only, (N, V), never (B, T, V)
+(rcgrpo.training.forward.masked_logits). Under `accelerate launch` each rank runs its share of
+each mini-batch's micro-batches and gradients are all-reduced once per optimizer step, with the
+loss weighted by the GLOBAL mini-batch's tokens (or sequences), so N ranks make the 1-rank step.
+
+    .venv/bin/pytest tests/test_trainer.py tests/test_rl_memory.py -q
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rcgrpo.training.forward import masked_logits, scatter
+from rcgrpo.training.grpo.config import RLConfig
+from rcgrpo.training.grpo.core_algos import policy_loss, token_entropy, token_logprobs
+
+
+@dataclass
+class Batch:
+    """Rollouts as tensors, aligned with the predicted tokens (position t predicts ids[:, t+1])."""
+
+    ids: torch.Tensor  # (B, T) sampled token ids, right-padded
+    attn: torch.Tensor  # (B, T) 1 on real tokens
+    mask: torch.Tensor  # (B, T-1) 1 where ids[:, 1:] was sampled by the policy (loss positions)
+    sampled_logp: torch.Tensor  # (B, T-1) the engine's log-probs of ids[:, 1:] (T = 1)
+
+
+def batch_tensors(rollouts, pad_id: int = 0):
+    """Rollouts -> ids (B, T), loss mask (B, T), sampling logprobs (B, T), attention (B, T)."""
+    T = max(len(r.ids) for r in rollouts)
+    B = len(rollouts)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    mask, logp, attn = torch.zeros(B, T), torch.zeros(B, T), torch.zeros(B, T, dtype=torch.long)
+    for i, r in enumerate(rollouts):
+        n = len(r.ids)
+        ids[i, :n] = torch.as_tensor(r.ids)
+        mask[i, :n] = torch.as_tensor(r.loss_mask, dtype=torch.float32)
+        logp[i, :n] = torch.as_tensor(r.logprobs, dtype=torch.float32)
+        attn[i, :n] = 1
+    return ids, mask, logp, attn
+
+
+def to_batch(rollouts, pad_id: int = 0) -> Batch:
+    ids, mask, logp, attn = batch_tensors(rollouts, pad_id)
+    return Batch(ids, attn, mask[:, 1:], logp[:, 1:])
+
+
+def logprobs(model, ids, attn, mask, temperature: float = 1.0):
+    """Log-probs of ids[:, 1:] at the sampling temperature, (B, T-1) with 0 where mask (B, T-1)
+    is 0; the raw logits (N, V) at the N sampled positions (temperature 1, what the engine
+    reports its log-probs at) and those positions, where (B, T-1)."""
+    logits, where = masked_logits(model, ids, attn, mask)
+    logits = logits.float()
+    scaled = logits if temperature == 1.0 else logits / temperature
+    return scatter(token_logprobs(scaled, ids[:, 1:][where]), where), logits, where
+
+
+@torch.no_grad()
+def behaviour_logprobs(model, batch: Batch, micro_batches, logprob_fn, temperature: float,
+                       ref_fn=None):  # fmt: skip
+    """pi_old (B, T-1), the reference's (B, T-1) or None, and the summed |engine - trainer|
+    log-prob gap over sampled tokens, over `micro_batches` (index tensors), in eval mode.
+    logprob_fn(model, ids, attn, mask) -> `logprobs` at the sampling temperature;
+    ref_fn(ids, attn, mask) -> the reference's log-probs of one micro-batch (None: no KL)."""
+    ids, attn, mask = batch.ids, batch.attn, batch.mask
+    old = torch.zeros_like(mask)  # (B, T-1)
+    ref = torch.zeros_like(mask) if ref_fn is not None else None
+    gap = torch.zeros(())  # sum over sampled tokens of |engine log p - trainer log p|
+    model.eval()
+    for c in micro_batches:
+        old[c], logits, where = logprob_fn(model, ids[c], attn[c], mask[c])
+        mine = old[c]
+        if temperature != 1.0:
+            mine = scatter(token_logprobs(logits, ids[c, 1:][where]), where)
+        gap += ((batch.sampled_logp[c] - mine).abs() * mask[c]).sum()
+        if ref is not None:
+            ref[c] = ref_fn(ids[c], attn[c], mask[c])
+    return old, ref, gap
+
+
+def ppo_updates(model, optimizer, ranks, batch: Batch, old, ref, adv, passes, cfg: RLConfig,
+                logprob_fn) -> list[dict[str, float]]:  # fmt: skip
+    """Every mini-batch of every pass: clipped loss + KL, accumulated over its micro-batches,
+    one optimizer step. Returns the stats of each optimizer step (token- or sequence-weighted
+    means over the mini-batch, summed over ranks) with its grad_norm. logprob_fn(model, ids,
+    attn, mask) -> `logprobs` at the sampling temperature (run inside the DDP wrapper)."""
+    ids, attn, mask = batch.ids, batch.attn, batch.mask
+
+    def size(c):  # what a micro-batch weighs in its mini-batch's mean: tokens or sequences
+        return mask[c].sum() if cfg.aggregation == "token-mean" else (mask[c].sum(1) > 0).sum()
+
+    model.train()
+    updates: list[dict[str, float]] = []
+    for mini in (mini for one_pass in passes for mini in one_pass):
+        optimizer.zero_grad(set_to_none=True)
+        total = sum(size(c) for c in mini).clamp(min=1)
+        upd: dict[str, float] = {}
+        # (micro-batch, 1.0); under accelerate this rank's share, + zero-weight padding
+        mine = ranks.share(mini)
+        for i, (c, share) in enumerate(mine):
+            # under accelerate: through the DDP/FSDP wrapper, all-reduced on the last one
+            with ranks.syncing(i, len(mine)):
+                logp, logits, where = ranks.forward(logprob_fn, ids[c], attn[c], mask[c])
+                loss, stats = policy_loss(
+                    logp,
+                    old[c],
+                    adv[c],
+                    mask[c],
+                    None if ref is None else ref[c],
+                    clip_eps=cfg.clip_eps,
+                    kl_coef=cfg.kl_coef,
+                    kl_estimator=cfg.kl_estimator,
+                    aggregation=cfg.aggregation,
+                    entropy=scatter(token_entropy(logits.detach()), where),
+                )
+                w = size(c) / total * share  # token (or sequence) share of the GLOBAL mini-batch
+                ranks.backward(loss * w)
+            stats["total"] = loss.item()
+            for k, v in stats.items():
+                upd[k] = upd.get(k, 0.0) + float(w) * v
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        # the mini-batch's stats: sums over the ranks' shares
+        upd = dict(zip(upd, ranks.sum(list(upd.values())), strict=True))
+        upd["grad_norm"] = float(ranks.clip(max_norm))
+        optimizer.step()
+        updates.append(upd)
+    model.eval()
+    return updates

@@ -1,0 +1,259 @@
+"""RCTP-FT and plain SFT: next-token cross-entropy on assistant tokens of recorded trajectories.
+
+* rctp (RCTP-FT): every record of the mixed set, its reward goal (`reward_token`, else high for a
+  successful record and low for a failed one) appended to the first user message by the renderer;
+* sft (plain SFT): successful records only, no reward goal.
+
+Records are rendered once into token ids + an assistant-only mask by the agent loop's renderer
+(rcgrpo.rollout.agent_loop), the same code that renders rollouts, so train and sample see the
+same tokens. The loss is summed over assistant tokens and divided by the number of assistant tokens
+of the whole optimizer batch, so gradient accumulation over micro-batches gives the gradient of
+one big batch; under `accelerate launch` the micro-batches are split between the ranks with the
+same normalisation (rcgrpo.training.distributed), so N processes make the 1-process update. LoRA or full fine-tuning is the model profile's choice (rcgrpo.models.profiles). The batch
+order is a function of (seed, epoch), so `resume` continues mid-epoch exactly.
+
+    rcgrpo train rctp                       # params.yaml `rctp:` + `model:` sections
+    rcgrpo train sft --set epochs=1
+    accelerate launch --num_processes 8 -m rcgrpo.cli train rctp   # 8 GPUs (rcgrpo.training.distributed)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from rcgrpo.chat.record import HIGH, LOW, Trajectory
+
+LogMetrics = Callable[[dict, int], None]
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    mode: Literal["sft", "rctp"] = "rctp"  # rctp: mixed data + reward goals; sft: experts, no goal
+    data: str = "data/rctp/train.jsonl"  # Trajectory JSONL (rcgrpo.chat.record)
+    out_dir: str = "outputs/rctp"  # checkpoints/, final/ (the adapter or full model)
+    lr: float = 1e-5  # AdamW peak learning rate (paper: 1e-5)
+    batch_size: int = 16  # sequences per optimizer step (paper: 16)
+    micro_batch_size: int = 4  # sequences per forward pass; accumulation = batch / micro
+    epochs: int = 5  # passes over the data (paper: 5 for RCTP-FT, 2 for SFT)
+    max_len: int = 0  # longest rendered example kept; longer ones are dropped and counted
+    # (0 = the model profile's sft_max_len, rcgrpo.models.profiles.PROFILES; a cut would lose the
+    # assistant tokens at the end or the system prompt at the start)
+    warmup_ratio: float = 0.03  # linear warmup fraction of the steps, then linear decay to 0
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # max global grad norm (0 = off)
+    save_every: int = 0  # checkpoint every N optimizer steps (0 = only the final model)
+    seed: int = 0  # batch order and any dropout
+
+    def __post_init__(self):
+        if self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"batch_size {self.batch_size} must be a multiple of micro_batch_size "
+                f"{self.micro_batch_size}: accumulation needs whole micro-batches"
+            )
+
+
+def goal_for(record: Trajectory, mode: str) -> str | None:
+    """The reward goal a record is trained with (None = no goal text)."""
+    if mode == "sft":
+        return None
+    return record.reward_token or (HIGH if record.paper_reward else LOW)
+
+
+def select(records: list[Trajectory], mode: str) -> list[Trajectory]:
+    """sft trains on successful (expert) records only; rctp on all of them."""
+    return [r for r in records if r.paper_reward == 1] if mode == "sft" else list(records)
+
+
+def batch_schedule(n: int, cfg: SFTConfig) -> list[list[int]]:
+    """Example indices of every optimizer step of the run: a seeded permutation per epoch, cut
+    into batches (the last batch of an epoch may be smaller)."""
+    steps = []
+    for epoch in range(cfg.epochs):
+        g = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
+        order = torch.randperm(n, generator=g).tolist()
+        steps += [order[i : i + cfg.batch_size] for i in range(0, n, cfg.batch_size)]
+    return steps
+
+
+def pad(examples: list[tuple[torch.Tensor, torch.Tensor]], pad_id: int = 0):
+    """[(ids (T_i,), mask (T_i,))] -> ids (B, T), assistant mask (B, T), attention (B, T)."""
+    T = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(examples), T, dtype=torch.long)
+    attn = torch.zeros(len(examples), T, dtype=torch.long)
+    for i, (x, m) in enumerate(examples):
+        ids[i, : len(x)], mask[i, : len(x)], attn[i, : len(x)] = x, m, 1
+    return ids, mask, attn
+
+
+def summed_ce(model, ids, mask, attn) -> torch.Tensor:
+    """Sum of -log p(token) over assistant tokens; the logits at t-1 predict token t, and are
+    computed at the assistant positions only (rcgrpo.training.forward.masked_logits)."""
+    from rcgrpo.training.forward import masked_logits
+
+    logits, where = masked_logits(model, ids, attn, mask[:, 1:])  # (N, V), (B, T-1)
+    return torch.nn.functional.cross_entropy(logits.float(), ids[:, 1:][where], reduction="sum")
+
+
+def fit(examples: list[tuple[torch.Tensor, torch.Tensor]], max_len: int):
+    """The examples of at most max_len tokens (0 = all). Dropped ones are counted in a warning;
+    none left, or none with an assistant token, is an error."""
+    import warnings
+
+    kept = [e for e in examples if not max_len or len(e[0]) <= max_len]
+    if len(kept) < len(examples):
+        longest = max(len(x) for x, _ in examples)
+        msg = (
+            f"SFT: dropped {len(examples) - len(kept)} of {len(examples)} examples longer than "
+            f"max_len {max_len} tokens (longest {longest}); raise sft/rctp max_len to keep them"
+        )
+        if not kept:
+            raise ValueError(msg)
+        warnings.warn(msg, stacklevel=2)
+    if not any(int(m[1:].sum()) for _, m in kept):
+        raise ValueError(
+            f"SFT: none of the {len(kept)} examples has an assistant token to train on"
+        )
+    return kept
+
+
+def lr_lambda(total: int, warmup_ratio: float):
+    warm = max(1, math.ceil(total * warmup_ratio)) if warmup_ratio > 0 else 0
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return max(0.0, (total - step) / max(1, total - warm))
+
+    return f
+
+
+def train_sft(
+    model: torch.nn.Module,
+    examples: list[tuple[torch.Tensor, torch.Tensor]],
+    cfg: SFTConfig,
+    log_metrics: LogMetrics | None = None,
+    resume: bool = False,
+    pad_id: int = 0,
+) -> list[dict]:
+    """Fine-tune `model` in place on rendered examples; returns the per-step metrics."""
+    from rcgrpo.training import checkpoint, distributed
+
+    if not examples:
+        raise ValueError(f"no training examples for mode {cfg.mode!r} in {cfg.data}")
+    examples = fit(examples, cfg.max_len)
+    torch.manual_seed(cfg.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    schedule = batch_schedule(len(examples), cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(len(schedule), cfg.warmup_ratio)
+    )
+    start = 0
+    if resume and (ckpt := checkpoint.latest(cfg.out_dir)) is not None:
+        start = checkpoint.load(ckpt, model, optimizer, scheduler)["step"]
+    # under `accelerate launch` each rank takes its share of the micro-batches; else all of them
+    ranks = distributed.for_training(model, optimizer, params)
+    model.train()
+    history = []
+    for step in range(start, len(schedule)):
+        t0 = time.perf_counter()
+        batch = [examples[i] for i in schedule[step]]
+        n_tokens = sum(int(m[1:].sum()) for _, m in batch)  # assistant targets in the batch
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        micro = [
+            batch[i : i + cfg.micro_batch_size] for i in range(0, len(batch), cfg.micro_batch_size)
+        ]
+        # the global normalisation (n_tokens of the whole batch) on every rank, summed over them
+        mine = ranks.share(micro)
+        for k, (mb, weight) in enumerate(mine):
+            ids, mask, attn = pad(mb, pad_id)
+            with ranks.syncing(k, len(mine)):  # forward and backward: DDP arms in forward
+                loss = ranks.forward(summed_ce, ids, mask, attn) / max(1, n_tokens) * weight
+                ranks.backward(loss)
+            total += loss.item()
+        (total,) = ranks.sum([total])
+        grad_norm = ranks.clip(cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        dt = time.perf_counter() - t0
+        seen = sum(len(x) for x, _ in batch)
+        metrics = {
+            "sft/loss": total,
+            "sft/lr": lr,
+            "sft/grad_norm": float(grad_norm),
+            "sft/epoch": (step + 1) / (len(schedule) / cfg.epochs),
+            "sft/tokens_per_s": seen / dt,
+            "sft/assistant_tokens": float(n_tokens),
+            "sft/step_time_s": dt,
+        }
+        history.append(metrics)
+        if log_metrics is not None and distributed.is_main():
+            log_metrics(metrics, step + 1)
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and distributed.is_main():
+            checkpoint.save(
+                checkpoint.path_for(cfg.out_dir, step + 1), model, optimizer, scheduler, step + 1
+            )
+    model.eval()
+    return history
+
+
+def render_examples(policy, records: list[Trajectory], cfg: SFTConfig):
+    """Render the selected records into (ids, assistant mask) pairs with the agent loop's renderer."""
+    import dataclasses
+
+    from rcgrpo.rollout.agent_loop import render_example
+
+    out = []
+    for r in select(records, cfg.mode):
+        ex = render_example(dataclasses.replace(r, reward_token=goal_for(r, cfg.mode)), policy)
+        out.append((torch.tensor(ex.ids), torch.tensor(ex.mask)))
+    return out
+
+
+def run_sft(
+    cfg: SFTConfig,
+    model_cfg,
+    log_metrics: LogMetrics | None = None,
+    log_artifact: Callable[[Path], None] | None = None,
+    resume: bool = False,
+) -> Path:
+    """Load the base policy (rcgrpo.models.loading), fine-tune it on cfg.data, save it to
+    <out_dir>/final (save_policy: adapter or full weights + tokenizer); returns that folder."""
+    import dataclasses
+
+    from rcgrpo.chat.record import read_jsonl
+    from rcgrpo.models.loading import load_policy, save_policy
+    from rcgrpo.models.profiles import PROFILES
+    from rcgrpo.training import distributed
+    from rcgrpo.training.checkpoint import check_writable
+
+    cfg = dataclasses.replace(cfg, max_len=cfg.max_len or PROFILES[model_cfg.profile].sft_max_len)
+    check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
+    records = read_jsonl(cfg.data)  # before the model: a corrupt row fails in a second
+    policy = load_policy(model_cfg)
+    examples = render_examples(policy, records, cfg)
+    pad_id = policy.tokenizer.pad_token_id or 0
+    history = train_sft(policy.model, examples, cfg, log_metrics, resume=resume, pad_id=pad_id)
+    final = Path(cfg.out_dir) / "final"
+    if not distributed.is_main():  # under `accelerate launch` rank 0 saves (same weights)
+        return final
+    protocols = sorted({r.protocol for r in select(records, cfg.mode)})
+    save_policy(
+        policy, final, {"stage": cfg.mode, "protocol": "+".join(protocols), "data": cfg.data}
+    )
+    if history:  # flat {name: number} of the last step, for dvc.yaml `metrics:`
+        (Path(cfg.out_dir) / "metrics.json").write_text(json.dumps(history[-1], indent=1) + "\n")
+    if log_artifact is not None:
+        log_artifact(final)
+    return final
