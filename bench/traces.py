@@ -13,6 +13,8 @@ time is not: both are printed with the threads and the load.
     .venv/bin/python bench/traces.py                  # the main command, both ways (~15 min)
     .venv/bin/python bench/traces.py --tiny           # e2e sizes (~4 min)
     .venv/bin/python bench/traces.py --set rl.steps=4 # any override, as rcgrpo run
+    .venv/bin/python bench/traces.py --keep /tmp/run  # keep the traced run's project copy
+                                                      # (then: scripts/ui_check.py --store /tmp/run/mlflow)
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def measure(proj: Path) -> dict:
     return out
 
 
-def run_once(sets: list[str]) -> dict:
+def run_once(sets: list[str], keep: str = "") -> dict:
     with tempfile.TemporaryDirectory(prefix="rcgrpo-bench-traces-") as tmp:
         proj = Path(tmp) / "proj"
         (proj / "cache").mkdir(parents=True)
@@ -76,18 +78,23 @@ def run_once(sets: list[str]) -> dict:
         wall, load1 = time.perf_counter() - wall, os.getloadavg()[0]
         if out.returncode:
             sys.exit(f"rcgrpo run failed ({out.returncode}):\n{(out.stdout + out.stderr)[-4000:]}")
-        return {"wall_s": wall, "load": (load0, load1), **measure(proj)}
+        result = {"wall_s": wall, "load": (load0, load1), **measure(proj)}
+        if keep:
+            (proj / "rcgrpo-run.log").write_text(out.stdout + out.stderr)
+            subprocess.run(["cp", "-a", str(proj), keep], check=True)
+        return result
 
 
 def main(argv: list[str]) -> None:
     sets = list(TINY) if "--tiny" in argv else []
     sets += [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    keep = next((argv[i + 1] for i, a in enumerate(argv) if a == "--keep"), "")
     from rcgrpo.runtime import torch_thread_count
 
     print(f"torch threads {torch_thread_count()}, cores {os.cpu_count()}, "
           f"sets {sets or '(make run defaults)'}")  # fmt: skip
     off = run_once([*sets, "traces.enabled=false"])
-    on = run_once(sets)
+    on = run_once(sets, keep)
     for name, r in (("traces off", off), ("traces on", on)):
         print(
             f"{name:10s} {r['wall_s']:7.1f} s wall, load {r['load'][0]:.1f} -> {r['load'][1]:.1f}"
