@@ -146,3 +146,22 @@ def test_paper_preset_fits_8_h100_and_one_24gb_gpu_exits_2_with_one_line():
         *paper, "--gpus", "8", "--gpu-memory", "80", "--set", "rollout.max_total_tokens=0"
     )
     assert long.returncode == 2 and "cap rollout.max_total_tokens" in long.stderr
+
+
+@pytest.mark.slow
+def test_plan_formula_predicts_the_measured_peak_of_the_mix():
+    """bench/memory.py --mix at 1/16 of the 7B lengths (384-2,672 tokens, ~80 s): the token-budget
+    update's measured peak is within 25 % of what rcgrpo.training.plan.memory predicts, and at
+    most half of today's padded micro-batch's."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / "bench" / "memory.py"), "--mix", "--scale", "16",
+           "--threads", "1"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    measured = float(re.search(r"measured / predicted: ([\d.]+)", out.stdout).group(1))
+    ratio = float(re.search(r"token-budget/padded peak memory: ([\d.]+)", out.stdout).group(1))
+    assert 0.75 <= measured <= 1.25, out.stdout
+    assert ratio <= 0.5, out.stdout

@@ -101,9 +101,9 @@ def architecture(profile: str) -> Arch:
 
 ARCHS = {
     "qwen2.5-7b-instruct": Arch(28, 3584, 18944, 28, 4, 128, 152064, False,
-                                "Qwen/Qwen2.5-7B-Instruct config.json (7.62B parameters)"),
+                                "Qwen/Qwen2.5-7B-Instruct config.json"),
     "llama-3.1-8b-instruct": Arch(32, 4096, 14336, 32, 8, 128, 128256, False,
-                                  "meta-llama/Llama-3.1-8B-Instruct config.json (8.03B parameters)",
+                                  "meta-llama/Llama-3.1-8B-Instruct config.json",
                                   qkv_bias=False),
     "smollm2-135m": Arch(30, 576, 1536, 9, 3, 64, 49152, True,
                          "HuggingFaceTB/SmolLM2-135M-Instruct config.json", qkv_bias=False),

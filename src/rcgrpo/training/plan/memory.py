@@ -35,6 +35,14 @@ class Term:
     formula: str
 
 
+def count(n: float) -> str:
+    """7615616512 -> '7.62B', 40370176 -> '40.4M', 32768 -> '32.8k'."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}" if unit != "B" else f"{n / size:.2f}B"
+    return f"{n:g}"
+
+
 def dtype_bytes(dtype: str) -> int:
     """Bytes per weight or activation element of a model dtype (2 for 16-bit, 4 for float32)."""
     return 4 if dtype == "float32" else 2
@@ -74,21 +82,21 @@ def static_terms(arch: Arch, b: int, lora_params: int, gpus: int, reference: boo
     """What the trainer holds between micro-batches: weights, trainable state, the reference,
     DDP's gradient buckets. lora_params 0 = full fine-tuning (fp32 Adam on every weight)."""
     p = arch.params()
-    out = [Term("weights" + (" (frozen)" if lora_params else ""), p * b, f"{p / 1e9:.2f}B x {b} B")]
+    out = [Term("weights" + (" (frozen)" if lora_params else ""), p * b, f"{count(p)} x {b} B")]
     trainable = lora_params or p
     if lora_params:
         rows = 2 * arch.hidden  # the two reward-token embedding rows (trainable_token_indices)
         out.append(Term("LoRA + AdamW (fp32 weights, grads, m, v)", (lora_params + rows) * 16,
-                        f"{lora_params / 1e6:.1f}M x 16 B"))  # fmt: skip
+                        f"{count(lora_params + rows)} x 16 B"))  # fmt: skip
         if reference:
             out.append(Term("reference: frozen copy of the starting adapter", lora_params * 4,
-                            f"{lora_params / 1e6:.1f}M x 4 B"))  # fmt: skip
+                            f"{count(lora_params)} x 4 B"))  # fmt: skip
     else:
-        out.append(Term("grads + AdamW m, v (fp32)", p * (b + 8), f"{p / 1e9:.2f}B x {b + 8} B"))
+        out.append(Term("grads + AdamW m, v (fp32)", p * (b + 8), f"{count(p)} x {b + 8} B"))
         if reference:
-            out.append(Term("reference: deep copy of the model", p * b, f"{p / 1e9:.2f}B x {b} B"))
+            out.append(Term("reference: deep copy of the model", p * b, f"{count(p)} x {b} B"))
     if gpus > 1:
-        out.append(Term("DDP gradient buckets", trainable * 4, f"{trainable / 1e6:.1f}M x 4 B"))
+        out.append(Term("DDP gradient buckets", trainable * 4, f"{count(trainable)} x 4 B"))
     return out
 
 
@@ -111,7 +119,7 @@ def vllm_terms(arch: Arch, b: int, share: float, gpu_bytes: float) -> tuple[list
     weights = arch.params() * b
     kv = total - weights - VLLM_OVERHEAD_GB * GB
     tokens = max(kv, 0) / kv_bytes_per_token(arch, b)
-    return [Term("vLLM weights", weights, f"{arch.params() / 1e9:.2f}B x {b} B"),
+    return [Term("vLLM weights", weights, f"{count(arch.params())} x {b} B"),
             Term("vLLM activations + CUDA graphs", VLLM_OVERHEAD_GB * GB, "assumed"),
             Term("vLLM KV cache", max(kv, 0.0),
                  f"{share:.2f} x {gpu_bytes / GB:.0f} GB - the above = {tokens:,.0f} tokens")], tokens  # fmt: skip

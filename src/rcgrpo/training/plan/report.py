@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from rcgrpo.training.batching import pad_frac
 from rcgrpo.training.plan import constants as C
 from rcgrpo.training.plan import memory as M
 from rcgrpo.training.plan import timing as T
@@ -182,6 +183,7 @@ def step_time(arch, b, rl, rollout, gpus, gpu, kv_tok, lora, ckpt, mfu) -> list[
                                  rl.mini_batch_size, packed=False)  # fmt: skip
     flops = T.update_flops(arch, lengths, micro, False, rl.inner_epochs, rl.kl_coef > 0, ckpt, lora)
     update = flops / (gpus * gpu.bf16_flops * mfu)
+    pad = pad_frac(lengths, micro)
     tokens = sum(lengths)
     lines = [
         f"rl step: {rl.tasks_per_step} tasks x G {rl.group_size} = {len(lengths):,} episodes, "
@@ -189,7 +191,8 @@ def step_time(arch, b, rl, rollout, gpus, gpu, kv_tok, lora, ckpt, mfu) -> list[
         f"{math.ceil(len(groups) / gpus)} groups per rank",
         f"  rollouts, lock-step (engines as built)  {lock:8.0f} s",
         f"  rollouts, async (issue 19's scheduler)   {free:8.0f} s   async/lock-step: {lock / free:.2f}x",
-        f"  update: {flops / 1e15:,.0f} PFLOP at MFU {mfu:.2f} on {gpus} GPUs      {update:8.0f} s",
+        f"  update: {flops / 1e15:,.0f} PFLOP at MFU {mfu:.2f} on {gpus} GPUs      {update:8.0f} s"
+        f"   ({len(micro)} micro-batches a pass, pad_frac {pad:.3f}, padded rows)",
         f"  weight sync                              {C.SYNC_S:8.0f} s",
     ]  # fmt: skip
     for name, roll in (("lock-step", lock), ("async", free)):
