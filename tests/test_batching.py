@@ -99,11 +99,12 @@ def test_sdpa_layout_runs_causal_kernels_without_a_mask(monkeypatch):
 
 def test_packed_layout_gives_the_padded_logits(monkeypatch):
     """The flash-attention layout: one padding-free row, positions restarting per sequence.
-    flash-attn has no CPU build, so `packs` is switched on over SDPA; transformers reads the
-    restarting position ids as packed sequences (a block-causal mask on SDPA, varlen on flash)."""
+    flash-attn has no CPU build, so the layout is switched to packed over SDPA (forward._impl
+    says flash); transformers reads the restarting position ids as packed sequences (a
+    block-causal mask on SDPA, the varlen kernel on flash)."""
     model = tiny_llama(16, seed=3)
     ids, attn, mask = right_padded_batch()
-    monkeypatch.setattr(forward, "packs", lambda m: True)
+    monkeypatch.setattr(forward, "_impl", lambda m: "flash_attention_2")
     kwargs, index = forward.decoder_inputs(model, ids, attn)
     assert kwargs["input_ids"].shape == (1, 28) and "attention_mask" not in kwargs
     assert kwargs["position_ids"][0].tolist() == [*range(12), *range(7), *range(9)]
@@ -245,3 +246,49 @@ def test_sft_token_budget_equals_padded_micro_batches(tmp_path):
     for p, q in zip(a_model.parameters(), b_model.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
     assert sum(m["train/pad_frac"] for m in b) < 0.5 * sum(m["train/pad_frac"] for m in a)
+
+
+def test_attention_is_chosen_per_device(monkeypatch):
+    import importlib.util
+
+    from rcgrpo.models.loading import attention_implementation, load_policy
+    from rcgrpo.models.profiles import ModelConfig
+
+    assert attention_implementation(ModelConfig()) == "sdpa"  # the CPU
+    assert attention_implementation(ModelConfig(attention="eager")) == "eager"
+    with pytest.raises(ValueError, match="model.attention"):
+        ModelConfig(attention="flash")
+    real = importlib.util.find_spec  # flash-attn has no CPU build: say it is installed
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "flash_attn" else real(name, *a))  # fmt: skip
+    gpu = ModelConfig(device="cuda", dtype="bfloat16")
+    assert attention_implementation(gpu) == "flash_attention_2"
+    assert attention_implementation(ModelConfig(device="cuda")) == "sdpa"  # float32: no kernels
+    monkeypatch.undo()
+    assert attention_implementation(gpu) == "sdpa"  # not installed
+    policy = load_policy(ModelConfig(profile="tiny", lora=True))  # the trainers read it here
+    assert policy.model.training_attention == "sdpa"
+    assert policy.model.config._attn_implementation == "sdpa"
+
+
+def test_training_attention_holds_over_the_update_and_switches_back():
+    """The updates run with `training_attention` (flash on a GPU; eager stands in here), the
+    engines keep the loaded implementation: switched for forward and backward, then back."""
+    from rcgrpo.training.grpo import update
+
+    model = tiny_llama(16, seed=3)
+    model.training_attention = "eager"
+    seen = []
+    with forward.training_attention(model):
+        seen.append(model.config._attn_implementation)
+    assert seen == ["eager"] and model.config._attn_implementation == "sdpa"
+
+    @forward.with_training_attention
+    def probe(m):
+        return m.config._attn_implementation
+
+    assert probe(model) == "eager" and model.config._attn_implementation == "sdpa"
+    assert update.ppo_updates.__wrapped__ and update.behaviour_logprobs.__wrapped__
+    model.training_attention = "flash_attention_2"
+    assert forward.packs(model)  # formation counts packed rows; the forward packs under flash
+    assert "attention_mask" not in forward.decoder_inputs(model, *right_padded_batch()[:2])[0]

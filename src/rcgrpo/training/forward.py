@@ -8,7 +8,8 @@ takes about half the time, and on a 7B model (V = 152k) it avoids a (B, T, V) fl
 GBs. Values equal the full forward's (same modules, same order), checked in tests/test_sft.py.
 
 How a right-padded micro-batch (B, T) reaches the decoder depends on the model's attention
-implementation (chosen per device at load, rcgrpo.models.loading.attention_implementation):
+implementation (chosen per device at load, rcgrpo.models.loading.attention_implementation, and
+switched on for the updates by `training_attention`):
 * flash-attention (`packs(model)`): packed, padding-free. The B sequences are concatenated into
   one row (1, L) with position ids restarting at 0 for each; transformers then calls
   flash_attn_varlen_func with the sequences' boundaries. No padding is computed at all.
@@ -25,13 +26,49 @@ against the masked padded forward).
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 
 
+def _impl(model) -> str:
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) or ""
+
+
 def packs(model) -> bool:
-    """Whether this model's forwards pack a micro-batch into one row (flash-attention varlen)."""
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or ""
-    return "flash" in impl
+    """Whether this model's training forwards pack a micro-batch into one row (flash-attention
+    varlen): the attention it trains with (`model.training_attention`), else its current one."""
+    return "flash" in (getattr(model, "training_attention", None) or _impl(model))
+
+
+def with_training_attention(fn):
+    """Decorator: fn(model, ...) runs under `training_attention(model)`."""
+
+    @functools.wraps(fn)
+    def wrapped(model, *args, **kwargs):
+        with training_attention(model):
+            return fn(model, *args, **kwargs)
+
+    return wrapped
+
+
+@contextlib.contextmanager
+def training_attention(model):
+    """Run the block with the attention the model trains with (`model.training_attention`, set
+    by rcgrpo.models.loading: flash-attention where chosen), then switch back to the one it was
+    loaded with (sdpa: the transformers engine's decode passes 4D masks flash cannot take).
+    Hold it over forwards AND backwards: a checkpointed layer recomputes in backward with the
+    implementation set then, and packed rows under SDPA without a mask would mix sequences."""
+    want, have = getattr(model, "training_attention", None), _impl(model)
+    if not want or want == have:
+        yield
+        return
+    model.set_attn_implementation(want)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(have)
 
 
 def right_padded(attn: torch.Tensor) -> bool:
@@ -43,8 +80,9 @@ def right_padded(attn: torch.Tensor) -> bool:
 def decoder_inputs(model, ids: torch.Tensor, attn: torch.Tensor):
     """(kwargs for the decoder, index (B, T) of each padded position in the packed row or None).
 
-    ids, attn: (B, T) right-padded. Packed: input_ids and position_ids (1, L), L = attn.sum()."""
-    if packs(model) and right_padded(attn):
+    ids, attn: (B, T) right-padded. Packed: input_ids and position_ids (1, L), L = attn.sum().
+    The layout follows the attention the model runs now (flash: packed)."""
+    if "flash" in _impl(model) and right_padded(attn):
         keep = attn.bool()
         lengths = attn.sum(1).tolist()
         pos = torch.cat([torch.arange(n, device=ids.device) for n in lengths])[None]  # (1, L)

@@ -35,6 +35,7 @@ import torch
 
 from rcgrpo.chat.record import HIGH, LOW, Trajectory
 from rcgrpo.config import ranged
+from rcgrpo.training.forward import with_training_attention
 
 LogMetrics = Callable[[dict, int], None]
 
@@ -144,6 +145,7 @@ def lr_lambda(total: int, warmup_ratio: float):
     return f
 
 
+@with_training_attention  # flash-attention where chosen, for the whole loop (no generation here)
 def train_sft(
     model: torch.nn.Module,
     examples: list[tuple[torch.Tensor, torch.Tensor]],

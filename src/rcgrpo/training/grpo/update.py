@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rcgrpo.training.forward import masked_logits, scatter
+from rcgrpo.training.forward import masked_logits, scatter, with_training_attention
 from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.core_algos import policy_loss, token_entropy, token_logprobs
 
@@ -73,6 +73,7 @@ def logprobs(model, ids, attn, mask, temperature: float = 1.0):
     return scatter(token_logprobs(scaled, ids[:, 1:][where]), where), logits, where
 
 
+@with_training_attention  # flash-attention where chosen; the engines keep the loaded one
 @torch.no_grad()
 def behaviour_logprobs(model, batch: Batch, micro_batches, logprob_fn, temperature: float,
                        ref_fn=None):  # fmt: skip
@@ -98,6 +99,7 @@ def behaviour_logprobs(model, batch: Batch, micro_batches, logprob_fn, temperatu
     return old, ref, gap
 
 
+@with_training_attention  # over forwards and backwards (checkpointed layers recompute)
 def ppo_updates(model, optimizer, ranks, batch: Batch, old, ref, adv, passes, cfg: RLConfig,
                 logprob_fn) -> list[dict[str, float]]:  # fmt: skip
     """Every mini-batch of every pass: clipped loss + KL, accumulated over its micro-batches,
