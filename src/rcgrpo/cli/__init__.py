@@ -9,6 +9,7 @@ so `rcgrpo --help` stays fast (tests/test_cli_pipeline.py checks it).
     rcgrpo train rctp|sft|rl ; rcgrpo eval PATH ; rcgrpo compare RUNS...
     rcgrpo schedule --cron "0 2 * * *"
     rcgrpo env show multi_turn_base_0
+    rcgrpo plan --profile qwen2.5-7b-instruct --preset paper --gpus 8 --gpu-memory 80
 
 Errors of the project's own types (a bad `--set`, a corrupt JSONL row, a failed rollback, a
 refused checkpoint, ...) end every command the same way, in `main`: `error: <message>` on stderr
@@ -23,7 +24,7 @@ import sys
 
 import typer
 
-from rcgrpo.cli import env, pipeline, train
+from rcgrpo.cli import env, pipeline, plan, train
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -40,6 +41,7 @@ app.command("eval")(train.eval_)
 app.command("compare")(train.compare)
 app.command("ui")(pipeline.ui)
 app.command("schedule")(pipeline.schedule)
+app.command("plan")(plan.plan)
 app.add_typer(env.app, name="env")
 
 
@@ -51,6 +53,7 @@ USER_ERRORS = (
     "rcgrpo.training.checkpoint:CheckpointError",
     "rcgrpo.chat.record:RecordError",
     "builtins:FileNotFoundError",
+    "rcgrpo.training.plan.memory:NoFit",
 )
 
 

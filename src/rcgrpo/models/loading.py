@@ -93,6 +93,29 @@ def register_tokens(tokenizer, model, tokens: list[str], also_new: tuple[str, ..
             out.weight[new] = out.weight[:first].mean(0)
 
 
+def attention_implementation(cfg: ModelConfig) -> str:
+    """The attention of the training forwards: model.attention, or for "auto" the device's.
+
+    flash_attention_2 on CUDA with 16-bit weights when the flash-attn package is installed:
+    training forwards then pack each micro-batch into one padding-free row (varlen kernels,
+    rcgrpo.training.forward). Else sdpa: training rows are right-padded and run with no mask
+    (causal kernels, no dense (B, 1, T, T) mask); this is also the CPU's choice. The model is
+    loaded with sdpa either way (the transformers engine decodes with 4D masks, which
+    flash-attention cannot take); the trainers switch to flash for their updates only
+    (rcgrpo.training.forward.training_attention)."""
+    import importlib.util
+
+    import torch
+
+    if cfg.attention != "auto":
+        return cfg.attention
+    cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+    half = cfg.dtype != "float32"  # flash-attention has no fp32 kernels
+    if cuda and half and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
 def load_policy(cfg: ModelConfig, adapter_path: str | Path | None = None) -> Policy:
     """Load the base model of `cfg`, register the reward tokens, fix the chat template, and
     apply LoRA; with `adapter_path` (a save_policy folder) restore what was trained there."""
@@ -115,9 +138,12 @@ def load_policy(cfg: ModelConfig, adapter_path: str | Path | None = None) -> Pol
     dtype = getattr(torch, cfg.dtype)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(adapter) if adapter else source)
+        train_attention = attention_implementation(cfg)
         model = AutoModelForCausalLM.from_pretrained(
-            weights, config=model_config(cfg, weights), dtype=dtype
-        )
+            weights, config=model_config(cfg, weights), dtype=dtype,
+            attn_implementation="sdpa" if "flash" in train_attention else train_attention,
+        )  # fmt: skip
+        model.training_attention = train_attention  # what the trainers' updates run with
     except OSError as e:
         raise FileNotFoundError(
             f"could not load model {weights!r} for profile {cfg.profile!r} ({e}). The hub is "

@@ -19,6 +19,7 @@ LORA_TARGETS = {  # per architecture (config.model_type): attention + MLP projec
     "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
 }
 POLICY_FILE = "rcgrpo_policy.json"  # written by save_policy next to the weights
+ATTENTION = ("auto", "sdpa", "flash_attention_2", "eager")  # model.attention values
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,16 @@ class ModelConfig:
     compact_docs: bool | None = None  # signature-only tool docs (None = profile default)
     gradient_checkpointing: bool | None = None  # recompute activations in backward (None = profile)
     dtype: str = "float32"  # torch dtype name; "bfloat16" on GPUs
+    # auto: flash_attention_2 on CUDA in 16-bit when flash-attn is installed (training packs
+    # micro-batches into padding-free rows), else sdpa (right-padded rows, no dense mask);
+    # rcgrpo.models.loading.attention_implementation
+    attention: str = "auto"  # auto | sdpa | flash_attention_2 | eager
     device: str = "cpu"  # torch device for the policy
     seed: int = 0  # seeds the tiny model's init and the LoRA init
 
     def __post_init__(self):
+        if self.attention not in ATTENTION:
+            raise ValueError(f"model.attention must be one of {ATTENTION}, got {self.attention!r}")
         if self.profile not in PROFILES:
             raise ValueError(
                 f"unknown model profile {self.profile!r}: pick one of {sorted(PROFILES)} "

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rcgrpo.config import ranged
+
 
 @dataclass(frozen=True)
 class RLConfig:
@@ -27,6 +29,10 @@ class RLConfig:
     inner_epochs: int = 1  # PPO passes over one step's rollouts (each pass: all mini-batches)
     mini_batch_size: int = 0  # rollouts per optimizer step; 0 = the whole batch (1 update/pass)
     micro_batch_size: int = 8  # rollouts per forward pass (gradient accumulation)
+    # tokens per forward pass: rollouts sorted by length and packed up to this many computed
+    # tokens (padded, or packed under flash-attention); 0 = micro_batch_size rollouts instead
+    # (rcgrpo.training.batching; `rcgrpo plan` gives the largest that fits a GPU)
+    max_tokens_per_micro_batch: int = ranged(0, "[0, inf)")  # 0 = by count, micro_batch_size
     lr: float = 1e-6  # AdamW learning rate (paper: 1e-6), constant after warmup
     warmup_steps: int = 0  # linear warmup, in RL steps (the lr changes once per RL step)
     grad_clip: float = 1.0  # max global grad norm (0 = off)

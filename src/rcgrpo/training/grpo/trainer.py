@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from rcgrpo.training import checkpoint, distributed
+from rcgrpo.training import batching, checkpoint, distributed
+from rcgrpo.training.forward import packs
 from rcgrpo.training.grpo import rollouts, update
 from rcgrpo.training.grpo.config import RLConfig, step_seed
 from rcgrpo.training.grpo.core_algos import minibatch_indices
@@ -128,9 +129,12 @@ class Trainer:
         # PPO schedule; the shuffle has a generator of its own (seeded by the step, not by
         # draw's stream) so that a resumed run visits the rollouts in the same order.
         shuffle = torch.Generator().manual_seed(2**32 + step_seed(cfg.seed, step))
+        lengths = [len(r.ids) for r in out.rollouts]
+        packed = packs(self.model)  # flash-attention: micro-batches are padding-free rows
         passes = minibatch_indices(
-            len(out.rollouts), cfg.mini_batch_size, cfg.micro_batch_size, cfg.inner_epochs, shuffle
-        )
+            len(out.rollouts), cfg.mini_batch_size, cfg.micro_batch_size, cfg.inner_epochs,
+            shuffle, lengths, cfg.max_tokens_per_micro_batch, packed,
+        )  # fmt: skip
         use_ref = (self.ref_model is not None or self.ref_adapter is not None) and cfg.kl_coef > 0
         first_pass = [c for mini in passes[0] for c in mini]
         ref_fn = self._ref_logprobs if use_ref else None
@@ -144,7 +148,12 @@ class Trainer:
         )  # fmt: skip
         self.scheduler.step()
         self.engine.sync(self.policy)
-        return step_metrics(cfg, out, batch.mask, gap, self.updates, lr, time.perf_counter() - t0)
+        metrics = step_metrics(
+            cfg, out, batch.mask, gap, self.updates, lr, time.perf_counter() - t0
+        )
+        groups = [c.tolist() for one_pass in passes for mini in one_pass for c in mini]
+        metrics["train/pad_frac"] = batching.pad_frac(lengths, groups, packed)
+        return metrics
 
     # -- the loop ---------------------------------------------------------------------------------
     def save(self, step: int) -> Path:
