@@ -222,12 +222,13 @@ class HFEngine(Engine):
         lps = torch.zeros((B, N), device=device)
         n_out = torch.zeros(B, dtype=torch.long, device=device)  # tokens kept per prompt
         done = torch.zeros(B, dtype=torch.bool, device=device)  # per running row
-        stop, temperature, top_p = self.policy.stop_id, self.cfg.temperature, self.cfg.top_p
+        stop = torch.tensor(self.renderer.stop_ids, device=device)  # any ends a message
+        temperature, top_p = self.cfg.temperature, self.cfg.top_p
         for t in range(N):
             tok = sample_next(logits, temperature, top_p, u[:, t])  # (b,)
             toks[rows, t] = tok
             lps[rows, t] = token_logprob(logits, tok)
-            finished = ~done & ((tok == stop) | (t + 1 >= limit))
+            finished = ~done & (torch.isin(tok, stop) | (t + 1 >= limit))
             n_out[rows[finished]] = t + 1
             done |= finished
             live = int((~done).sum())  # the one host sync per step
