@@ -48,7 +48,6 @@ def parity_reward(task, rollout) -> tuple[int, int]:
 def rl_hf(out_dir: str) -> dict:
     """RC-GRPO on the tiny profile + LoRA through the HF engine: 4 tasks x G = 2 per step (each
     of 2 ranks rolls out 2 groups), PPO mini-batches, 2 passes, KL to the reference adapter."""
-    import dataclasses
 
     from rcgrpo.bfcl.tasks import tasks_in
     from rcgrpo.models.loading import load_policy
@@ -96,7 +95,9 @@ def run(out_dir: str, stage: str = "sft") -> dict:
             batch_size=6, micro_batch_size=2, epochs=2, lr=1e-3, warmup_ratio=0.25, out_dir=out_dir
         )
         history = train_sft(model, data(), cfg)
-    elif stage == "rl":  # RC-GRPO, 2 steps x 2 PPO passes x 2 mini-batches of 3 micro-batches, KL on
+    elif (
+        stage == "rl"
+    ):  # RC-GRPO, 2 steps x 2 PPO passes x 2 mini-batches of 3 micro-batches, KL on
         from test_trainer import TASKS, ToyEngine, tiny_policy
 
         from rcgrpo.training.grpo.trainer import RLConfig, Trainer
@@ -122,7 +123,9 @@ def run(out_dir: str, stage: str = "sft") -> dict:
         state = PartialState()
         backend = (str(state.distributed_type), state.backend)
         pg = dist.distributed_c10d._get_default_group()
-        extra["pg_timeout_s"] = pg._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+        extra["pg_timeout_s"] = pg._get_backend(
+            torch.device("cpu")
+        ).options._timeout.total_seconds()
     per_rank = {k: v for k, v in extra.items() if k in ("rolled_out", "greedy_own")}
     if world > 1:  # every rank's own counts, in rank order
         gathered = [None] * world
@@ -134,8 +137,9 @@ def run(out_dir: str, stage: str = "sft") -> dict:
         "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "history": history,
         # the gradient of the last step (after clipping): DDP's all-reduced one under launch
-        "grads": {k: p.grad.detach().clone() for k, p in model.named_parameters()
-                  if p.grad is not None},  # fmt: skip
+        "grads": {
+            k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None
+        },  # fmt: skip
         "world": world,
         "backend": backend,
         **extra,

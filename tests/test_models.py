@@ -118,8 +118,10 @@ def test_runtime_defaults_leave_the_hub_online_for_hub_ids():
     import subprocess
     import sys
 
-    code = "from rcgrpo.runtime import apply_defaults; import os; apply_defaults(); " \
+    code = (
+        "from rcgrpo.runtime import apply_defaults; import os; apply_defaults(); "
         "print(os.environ.get('HF_HUB_OFFLINE'), os.environ['HF_HUB_DISABLE_TELEMETRY'])"
+    )
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.split() == ["None", "1"], out.stderr[-500:]

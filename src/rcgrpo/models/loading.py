@@ -138,7 +138,9 @@ def resolve(cfg: ModelConfig) -> ModelConfig:
         hub = PROFILES[cfg.profile].source in ("hub", "gguf")
         dtype = "bfloat16" if device.startswith("cuda") and hub else "float32"
     if not isinstance(getattr(torch, dtype, None), torch.dtype):
-        raise ValueError(f"model.dtype {cfg.dtype!r} is not a torch dtype (auto, float32, bfloat16)")
+        raise ValueError(
+            f"model.dtype {cfg.dtype!r} is not a torch dtype (auto, float32, bfloat16)"
+        )
     return dataclasses.replace(cfg, device=device, dtype=dtype)
 
 

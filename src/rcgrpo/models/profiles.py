@@ -82,7 +82,9 @@ class ModelConfig:
     train_reward_rows: bool = True  # with LoRA, also train the 2 reward-token embedding rows
     compact_docs: bool | None = None  # signature-only tool docs (None = profile default)
     gradient_checkpointing: bool | None = None  # recompute activations in backward (None = profile)
-    dtype: str = "auto"  # torch dtype name; auto = bfloat16 on CUDA for hub/GGUF profiles, else float32
+    dtype: str = (
+        "auto"  # torch dtype name; auto = bfloat16 on CUDA for hub/GGUF profiles, else float32
+    )
     device: str = "auto"  # torch device for the policy; auto = cuda if available, else cpu
     seed: int = 0  # seeds the tiny model's init and the LoRA init
 
