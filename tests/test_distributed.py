@@ -8,6 +8,7 @@ with the 1-process rollouts (greedy: the same ids; sampled: the same seeds).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -130,3 +131,56 @@ def test_local_device_is_the_ranks_own(monkeypatch):
     assert local_device("auto") == "cpu" and local_device("cpu") == "cpu"
     with pytest.raises(ValueError, match="every rank on one GPU"):
         local_device("cuda:0")
+
+
+@pytest.mark.slow
+def test_pipeline_stages_on_two_ranks(prefect_server, mlflow_store, tmp_path, monkeypatch):
+    """`rcgrpo run --procs 2`'s path: each training stage's Prefect task starts 2 ranks with
+    torchrun (gloo here); rank 0 alone logs every step to the stage's MLflow run and saves the
+    model. RCTP-FT's losses equal one process's; then RC-GRPO from it on the same tasks."""
+    from mlflow.tracking import MlflowClient
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `flows` is at the repo root
+    from flows.train import PROCS_ENV, train_flow
+    from rcgrpo.bfcl.tasks import tasks_in
+    from rcgrpo.chat.record import write_jsonl
+    from rcgrpo.data.experts import expert
+    from rcgrpo.data.perturbations import perturbations
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.training.sft import SFTConfig, run_sft
+
+    tasks = [t for t in tasks_in("train") if t.category == "base"][:2]
+    records = [expert(t, "combined") for t in tasks] + [perturbations(tasks[0], "combined")[0]]
+    write_jsonl(tmp_path / "rctp.jsonl", records)
+    sft = {"data": str(tmp_path / "rctp.jsonl"), "epochs": 2, "batch_size": 3,
+           "micro_batch_size": 1, "lr": 1e-3, "warmup_ratio": 0.0}  # fmt: skip
+    model = {"profile": "tiny", "device": "cpu"}
+    one = run_sft(SFTConfig(**sft, out_dir=str(tmp_path / "one")), ModelConfig(**model))
+    assert one.is_dir()
+    last = json.loads((tmp_path / "one" / "metrics.json").read_text())  # its last step
+
+    monkeypatch.setenv(PROCS_ENV, "2")
+    ft = train_flow("rctp", None, {**sft, "out_dir": str(tmp_path / "two")}, model)
+    client = MlflowClient()
+    losses = client.get_metric_history(ft["run_id"], "sft/loss")
+    assert [m.step for m in losses] == [1, 2]  # 2 optimizer steps, logged once each (rank 0)
+    assert abs(losses[-1].value - last["sft/loss"]) < 1e-6
+    assert client.get_run(ft["run_id"]).data.tags["train.procs"] == "2"
+
+    rl = {"init_path": ft["model_path"], "tasks_from": str(tmp_path / "rctp.jsonl"),
+          "steps": 1, "tasks_per_step": 2, "group_size": 2, "mini_batch_size": 0,
+          "micro_batch_size": 1, "lr": 1e-4, "out_dir": str(tmp_path / "rl")}  # fmt: skip
+    rollout = {"max_new_tokens": 12, "max_total_tokens": 1024, "max_steps": 2}
+    out = train_flow("rl", None, rl, model, rollout)
+    assert Path(out["model_path"], "rcgrpo_policy.json").exists()
+    rewards = client.get_metric_history(out["run_id"], "reward/mean")
+    assert [m.step for m in rewards] == [1]
+    artifacts = {a.path for a in client.list_artifacts(out["run_id"])}
+    assert "model" in artifacts
+
+
+def test_run_procs_is_checked_before_anything_starts():
+    out = subprocess.run([sys.executable, "-m", "rcgrpo.cli", "run", "--procs", "0"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == "error: rcgrpo run --procs 0: must be >= 1"
