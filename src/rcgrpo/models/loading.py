@@ -209,7 +209,11 @@ def finish_policy(model, tokenizer, cfg: ModelConfig, lora_path: Path | None = N
         checkpointing = cfg.gradient_checkpointing
     if checkpointing:  # acts in train mode only: rollouts and evaluation (eval mode) are unchanged
         # non-reentrant: works under peft without enable_input_require_grads (frozen embeddings)
-        model.activation_checkpointing_enable({"use_reentrant": False})
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable({"use_reentrant": False})
+        else:  # transformers before the rename (5.17 on the lent GPU box)
+            model.gradient_checkpointing_enable({"use_reentrant": False})
     if use_lora:
         if lora_path is not None:
             from peft import PeftModel
