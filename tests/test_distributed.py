@@ -184,3 +184,25 @@ def test_run_procs_is_checked_before_anything_starts():
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == "error: rcgrpo run --procs 0: must be >= 1"
+
+
+def test_a_ranks_share_samples_what_one_process_does():
+    """A rank's share of a step (first_index = its first episode in the batch), through the
+    pipeline's sharded local engine too: sampled (T = 1) ids equal the whole batch's slice."""
+    from rcgrpo.bfcl.tasks import tasks_in
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.execution import ShardedEngine, make_engine
+
+    policy = load_policy(ModelConfig(profile="tiny"))
+    engine = make_engine(RolloutConfig(max_new_tokens=8, max_total_tokens=1400, max_steps=2),
+                         policy)  # fmt: skip
+    tasks = tasks_in("train")[::100][:4]
+    whole = engine.rollout(tasks, None, "bfcl", seed=3)
+    share = engine.rollout(tasks[2:], None, "bfcl", seed=3, first_index=2)
+    sharded = ShardedEngine(engine, group=1, shard_size=1).rollout(tasks[2:], None, "bfcl", 3,
+                                                                   first_index=2)  # fmt: skip
+    assert [r.ids for r in share] == [r.ids for r in sharded] == [r.ids for r in whole[2:]]
+    alone = engine.rollout(tasks[2:], None, "bfcl", seed=3)  # without the offset: other seeds
+    assert [r.ids for r in alone] != [r.ids for r in whole[2:]]
