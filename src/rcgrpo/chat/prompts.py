@@ -122,12 +122,15 @@ def format_calls(calls: list[str]) -> str:
 class Renderer:
     """Messages -> token ids through one chat template (the tokenizer's `chat_template`).
 
-    stop_id: the end-of-message token the model samples to end an assistant message.
+    stop_id: the end-of-message token the model samples to end an assistant message (the one
+    the template writes); also_stop: other tokens that end a sampled message (Llama 3.1's
+    <|eom_id|> after a tool call); `stop_ids` holds them all.
     """
 
-    def __init__(self, tokenizer, stop_id: int):
+    def __init__(self, tokenizer, stop_id: int, also_stop: tuple[int, ...] = ()):
         self.tokenizer = tokenizer
         self.stop_id = stop_id
+        self.stop_ids = (stop_id, *also_stop)
         self.stop_text = tokenizer.convert_ids_to_tokens(stop_id)
         probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
         head = self.text(probe, None, True)

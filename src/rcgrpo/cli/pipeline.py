@@ -3,11 +3,20 @@
     rcgrpo run                                   # data -> RCTP-FT -> RC-GRPO -> eval -> registry
     rcgrpo run --variant sft+grpo                # one of the paper's baselines instead
     rcgrpo run --set rl.steps=2 --set eval.limit=1 --stages finetune,rl,eval
+    rcgrpo run --procs 8 --preset paper --profile qwen2.5-7b-instruct   # 8 GPUs, one rank each
     rcgrpo ui                                    # MLflow UI :5000 + Prefect UI :4200, Ctrl-C stops
     rcgrpo schedule --cron "0 2 * * *"           # serve the pipeline nightly (needs `rcgrpo ui`)
 
 `--set section.key=value` (YAML value) overrides one params.yaml field for this run only. prefect,
 mlflow and torch are imported inside the commands, so `rcgrpo --help` stays fast.
+
+The multi-GPU form: `--procs N` runs each training stage (fine-tuning, RL) on N processes, one
+per GPU, started with torchrun by the stage's Prefect task (flows/train.py `launch`); the data
+stage, the evaluation and the MLflow/Prefect bookkeeping stay in this one process. Each rank
+binds cuda:LOCAL_RANK, rolls out its share of the RL groups on its own engine (its own vLLM
+server on its GPU with rollout.engine=vllm) and trains its share of every micro-batch list
+(rcgrpo.training.distributed). `torchrun --nproc_per_node N -m rcgrpo.cli train STAGE` (or
+`accelerate launch`) runs one stage the same way outside the pipeline.
 """
 
 from __future__ import annotations
@@ -68,10 +77,14 @@ def run(
     ),
     profile: str = typer.Option("", help="model profile (shortcut for --set model.profile=...)"),
     register_name: str = typer.Option("rcgrpo", help="Model Registry name of the RL model"),
+    procs: int = typer.Option(
+        1, help="processes per training stage, one per GPU, started with torchrun (1 = this one)"
+    ),
 ) -> None:
     """Run the whole pipeline; prints where the results and the UIs are."""
     _enter_project()
     overrides = _overrides([*set_, *([f"model.profile={profile}"] if profile else [])])
+    _export_procs(procs)
     from flows.pipeline import pipeline_flow, plan_run
     from rcgrpo.config import ConfigError, export_process_sets
 
@@ -106,6 +119,22 @@ def run(
         f"  Prefect          {api}   (UI: http://127.0.0.1:4200 with rcgrpo ui)",
     ]
     typer.echo("\n".join(lines))
+
+
+def _export_procs(procs: int) -> None:
+    """Check --procs against the GPUs here and export it to the training stages' tasks."""
+    from flows.train import PROCS_ENV
+    from rcgrpo.config import ConfigError
+
+    if procs < 1:
+        raise ConfigError(f"rcgrpo run --procs {procs}: must be >= 1")
+    if procs > 1:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus and procs > gpus:  # a CPU-only box runs the ranks over gloo (tests)
+            raise ConfigError(f"rcgrpo run --procs {procs}: this machine has {gpus} GPUs")
+    os.environ[PROCS_ENV] = str(procs)
 
 
 def _before_after(reports: dict) -> str:

@@ -83,12 +83,14 @@ class ModelConfig:
     train_reward_rows: bool = True  # with LoRA, also train the 2 reward-token embedding rows
     compact_docs: bool | None = None  # signature-only tool docs (None = profile default)
     gradient_checkpointing: bool | None = None  # recompute activations in backward (None = profile)
-    dtype: str = "float32"  # torch dtype name; "bfloat16" on GPUs
+    dtype: str = (
+        "auto"  # torch dtype name; auto = bfloat16 on CUDA for hub/GGUF profiles, else float32
+    )
     # auto: flash_attention_2 on CUDA in 16-bit when flash-attn is installed (training packs
     # micro-batches into padding-free rows), else sdpa (right-padded rows, no dense mask);
     # rcgrpo.models.loading.attention_implementation
     attention: str = "auto"  # auto | sdpa | flash_attention_2 | eager
-    device: str = "cpu"  # torch device for the policy
+    device: str = "auto"  # torch device for the policy; auto = cuda if available, else cpu
     seed: int = 0  # seeds the tiny model's init and the LoRA init
 
     def __post_init__(self):

@@ -99,7 +99,7 @@ class Engine:
     def __init__(self, cfg: RolloutConfig, policy):
         self.cfg = cfg.for_policy(policy)  # 0 token limits = the profile's budgets
         self.policy = policy
-        self.renderer = Renderer(policy.tokenizer, policy.stop_id)
+        self.renderer = Renderer(policy.tokenizer, policy.stop_id, getattr(policy, "also_stop", ()))
         self.generated_tokens = 0  # running count, for benchmarks and logs
 
     def generate(

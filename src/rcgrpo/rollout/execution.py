@@ -65,14 +65,24 @@ class RolloutSpec:
     rollout: object  # rcgrpo.rollout.engine.RolloutConfig
 
 
-def make_engine(cfg, policy):
-    """The engine a RolloutConfig names: "hf" (transformers) or "vllm" (imported only here)."""
+def make_engine(cfg, policy, device: str | None = None):
+    """The engine a RolloutConfig names: "hf" (transformers) or "vllm" (imported only here),
+    on `device` (default: the policy's). One process per GPU (rcgrpo.training.distributed):
+    each rank builds its own, on its own device. The HF engine samples from the policy's model
+    itself, so `device` must be the model's; a vLLM server is pinned to that GPU."""
+    device = policy.config.device if device in (None, "auto") else device
     if cfg.engine == "vllm":
         from rcgrpo.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(cfg, policy)
+        return VLLMEngine(cfg, policy, device=device)
     from rcgrpo.rollout.hf import HFEngine
 
+    model_device = str(next(policy.model.parameters()).device)
+    if device != model_device and not (device == "cuda" and model_device.startswith("cuda")):
+        raise ValueError(
+            f"the HF engine samples from the policy's model, which is on {model_device}, "
+            f"not on {device}: load the policy on the engine's device (model.device)"
+        )
     return HFEngine(cfg, policy)
 
 
@@ -117,22 +127,25 @@ class ShardedEngine:
 
         self.weights, self.version = ray.put(trainable_state(policy.model)), self.version + 1
 
-    def rollout(self, tasks, reward_tokens=None, protocol=None, seed=0):
+    def rollout(self, tasks, reward_tokens=None, protocol=None, seed=0, first_index=0):
+        """first_index: the episode index of tasks[0] in the whole call (a rank's share of an
+        RL step, rcgrpo.training.distributed), as in Engine.rollout."""
         if reward_tokens is None or isinstance(reward_tokens, str):
             reward_tokens = [reward_tokens] * len(tasks)
         ids = [t.id for t in tasks]
         bounds = shard_bounds(len(tasks), self.size, self.group)
+        at = first_index
         if self.local is not None:  # the same shards, in order, in this process
             out = []
             for s, e in bounds:
                 out += self.local.rollout(
-                    tasks[s:e], reward_tokens[s:e], protocol, seed, first_index=s
+                    tasks[s:e], reward_tokens[s:e], protocol, seed, first_index=at + s
                 )
             return out
         from ray.util import ActorPool
 
         pool = ActorPool(self.actors)
-        args = [(ids[s:e], reward_tokens[s:e], protocol, seed, s) for s, e in bounds]
+        args = [(ids[s:e], reward_tokens[s:e], protocol, seed, at + s) for s, e in bounds]
         weights = [self.weights]  # nested: resolved by the worker only when its version is old
         parts = pool.map(lambda a, x: a.rollout.remote(*x, self.version, weights), args)
         out = [r for part in parts for r in part]

@@ -19,6 +19,7 @@ profile's choice (rcgrpo.models.profiles). The batch order is a function of (see
     rcgrpo train rctp                       # params.yaml `rctp:` + `model:` sections
     rcgrpo train sft --set epochs=1
     accelerate launch --num_processes 8 -m rcgrpo.cli train rctp   # 8 GPUs (rcgrpo.training.distributed)
+    torchrun --nproc_per_node 8 -m rcgrpo.cli train rctp            # the same with torchrun
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ def train_sft(
     # under `accelerate launch` each rank takes its share of the micro-batches; else all of them
     ranks = distributed.for_training(model, optimizer, params)
     packed = packs(model)  # flash-attention: a micro-batch is one padding-free row
+    dev = next(model.parameters()).device  # the rank's GPU under a launcher
     model.train()
     history = []
     for step in range(start, len(schedule)):
@@ -191,7 +193,7 @@ def train_sft(
         # the global normalisation (n_tokens of the whole batch) on every rank, summed over them
         mine = ranks.share(micro)
         for k, (mb, weight) in enumerate(mine):
-            ids, mask, attn = pad(mb, pad_id)
+            ids, mask, attn = (t.to(dev) for t in pad(mb, pad_id))
             with ranks.syncing(k, len(mine)):  # forward and backward: DDP arms in forward
                 loss = ranks.forward(summed_ce, ids, mask, attn) / max(1, n_tokens) * weight
                 ranks.backward(loss)
@@ -257,6 +259,8 @@ def run_sft(
     cfg = dataclasses.replace(cfg, max_len=cfg.max_len or PROFILES[model_cfg.profile].sft_max_len)
     check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
     records = read_jsonl(cfg.data)  # before the model: a corrupt row fails in a second
+    # under a launcher: this rank's GPU (cuda:LOCAL_RANK), bound before anything loads
+    model_cfg = dataclasses.replace(model_cfg, device=distributed.local_device(model_cfg.device))
     policy = load_policy(model_cfg)
     examples = render_examples(policy, records, cfg)
     pad_id = policy.tokenizer.pad_token_id or 0

@@ -13,6 +13,9 @@ Log-probs and entropy use the LM head at sampled positions only, (N, V), never (
 (rcgrpo.training.forward.masked_logits). Under `accelerate launch` each rank runs its share of
 each mini-batch's micro-batches and gradients are all-reduced once per optimizer step, with the
 loss weighted by the GLOBAL mini-batch's tokens (or sequences), so N ranks make the 1-rank step.
+The batch stays in host memory (B x T of the paper preset is GBs); each micro-batch goes to the
+model's device (the rank's GPU) for its forward, and pi_old / the reference come back to the
+host, where the trainer sums the ranks' shares (rcgrpo.training.distributed).
 
     .venv/bin/pytest tests/test_trainer.py tests/test_rl_memory.py -q
 """
@@ -63,10 +66,17 @@ def width(attn: torch.Tensor, c: torch.Tensor) -> int:
     return int(attn[c].sum(1).max())
 
 
+def device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
 def logprobs(model, ids, attn, mask, temperature: float = 1.0):
     """Log-probs of ids[:, 1:] at the sampling temperature, (B, T-1) with 0 where mask (B, T-1)
     is 0; the raw logits (N, V) at the N sampled positions (temperature 1, what the engine
-    reports its log-probs at) and those positions, where (B, T-1)."""
+    reports its log-probs at) and those positions, where (B, T-1). All on the model's device
+    (the inputs are moved there)."""
+    dev = device_of(model)
+    ids, attn, mask = ids.to(dev), attn.to(dev), mask.to(dev)
     logits, where = masked_logits(model, ids, attn, mask)
     logits = logits.float()
     scaled = logits if temperature == 1.0 else logits / temperature
@@ -89,13 +99,14 @@ def behaviour_logprobs(model, batch: Batch, micro_batches, logprob_fn, temperatu
     for c in micro_batches:
         cols = width(attn, c)  # (b, cols) inputs, (b, cols-1) targets
         x, a, m = ids[c, :cols], attn[c, :cols], mask[c, : cols - 1]
-        mine, logits, where = logprob_fn(model, x, a, m)
-        old[c, : cols - 1] = mine
+        mine, logits, where = logprob_fn(model, x, a, m)  # on the model's device
+        dev = mine.device
+        old[c, : cols - 1] = mine.to(old.device)
         if temperature != 1.0:
-            mine = scatter(token_logprobs(logits, x[:, 1:][where]), where)
-        gap += ((batch.sampled_logp[c, : cols - 1] - mine).abs() * m).sum()
+            mine = scatter(token_logprobs(logits, x[:, 1:].to(dev)[where]), where)
+        gap += ((batch.sampled_logp[c, : cols - 1].to(dev) - mine).abs() * m.to(dev)).sum().cpu()
         if ref is not None:
-            ref[c, : cols - 1] = ref_fn(x, a, m)
+            ref[c, : cols - 1] = ref_fn(x, a, m).to(ref.device)
     return old, ref, gap
 
 
@@ -111,6 +122,7 @@ def ppo_updates(model, optimizer, ranks, batch: Batch, old, ref, adv, passes, cf
     def size(c):  # what a micro-batch weighs in its mini-batch's mean: tokens or sequences
         return mask[c].sum() if cfg.aggregation == "token-mean" else (mask[c].sum(1) > 0).sum()
 
+    dev = device_of(model)
     model.train()
     updates: list[dict[str, float]] = []
     for mini in (mini for one_pass in passes for mini in one_pass):
@@ -125,12 +137,12 @@ def ppo_updates(model, optimizer, ranks, batch: Batch, old, ref, adv, passes, cf
             # under accelerate: through the DDP/FSDP wrapper, all-reduced on the last one
             with ranks.syncing(i, len(mine)):
                 logp, logits, where = ranks.forward(logprob_fn, ids[c, :cols], attn[c, :cols], m)
-                loss, stats = policy_loss(
+                loss, stats = policy_loss(  # this micro-batch's slices on the model's device
                     logp,
-                    old[c, : cols - 1],
-                    adv[c],
-                    m,
-                    None if ref is None else ref[c, : cols - 1],
+                    old[c, : cols - 1].to(dev),
+                    adv[c].to(dev),
+                    m.to(dev),
+                    None if ref is None else ref[c, : cols - 1].to(dev),
                     clip_eps=cfg.clip_eps,
                     kl_coef=cfg.kl_coef,
                     kl_estimator=cfg.kl_estimator,
