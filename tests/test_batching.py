@@ -123,7 +123,7 @@ class MixEngine:
         pass
 
     @torch.no_grad()
-    def rollout(self, tasks, reward_tokens, protocol, seed):
+    def rollout(self, tasks, reward_tokens, protocol, seed, first_index=0):  # one process: 0
         g = torch.Generator().manual_seed(seed)
         out = []
         for task, _tok in zip(tasks, reward_tokens, strict=True):

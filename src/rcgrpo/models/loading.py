@@ -119,7 +119,9 @@ def attention_implementation(cfg: ModelConfig) -> str:
     if cfg.attention != "auto":
         return cfg.attention
     cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
-    half = cfg.dtype != "float32"  # flash-attention has no fp32 kernels
+    hub = PROFILES[cfg.profile].source in ("hub", "gguf")
+    dtype = ("bfloat16" if cuda and hub else "float32") if cfg.dtype == "auto" else cfg.dtype
+    half = dtype != "float32"  # flash-attention has no fp32 kernels (auto: as `resolve` picks)
     if cuda and half and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     return "sdpa"
