@@ -180,6 +180,7 @@ def version(cfg: DatasetConfig, folder: Path) -> dict:
         commit=cfg.commit,
         push=cfg.push,
         lock_timeout=cfg.lock_timeout_s,
+        remote=cfg.remote,
     )  # fmt: skip  (the push inside the build lock: no other build can move data/ meanwhile)
     get_run_logger().info("versioned %s: rev %s md5 %s", cfg.data_dir, result["rev"], result["md5"])
     return result
@@ -191,8 +192,8 @@ def prepare(cfg: DatasetConfig) -> None:
     (or a new one); dvc init + offline config if needed."""
     from rcgrpo.data.versioning import check_data_dir, init_project
 
-    init_project(cfg.project, cfg.remote)
-    check_data_dir(cfg.project, cfg.data_dir)
+    check_data_dir(cfg.project, cfg.data_dir, cfg.remote)  # a planned --set remote=src too
+    init_project(cfg.project, cfg.remote)  # the remote of a new project only
 
 
 def _config(cfg: DatasetConfig | None, overrides: dict | None) -> DatasetConfig:

@@ -39,14 +39,17 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from rcgrpo.bfcl.progress import IDLE, LAYOUT, OOM, TRUSTED, Failure
+from rcgrpo.config import ranged
 
 
 @dataclass(frozen=True)
 class EnvConfig:
     """params.yaml `env:` — limits of one tool call (rcgrpo.bfcl.sandbox)."""
 
-    tool_timeout_s: float = 5.0  # wall-clock limit of one tool call; the worker is killed after it
-    tool_memory_mb: int = 4096  # address-space limit of the worker process (RLIMIT_AS)
+    # wall-clock limit of one tool call; the worker is killed after it
+    tool_timeout_s: float = ranged(5.0, "(0, inf)")
+    # address-space limit of the worker process (RLIMIT_AS)
+    tool_memory_mb: int = ranged(4096, "[256, inf)")
 
     def __post_init__(self):
         if not self.tool_timeout_s > 0 or self.tool_memory_mb < 256:

@@ -50,6 +50,7 @@ USER_ERRORS = (
     "rcgrpo.data.versioning:VersioningError",
     "rcgrpo.training.checkpoint:CheckpointError",
     "rcgrpo.chat.record:RecordError",
+    "rcgrpo.servers:ServerError",
     "builtins:FileNotFoundError",
 )
 
@@ -87,7 +88,18 @@ def main() -> None:
     from rcgrpo.runtime import apply_defaults
 
     apply_defaults()
-    _recover_publish()
+    try:  # a recovery that cannot finish (the remote unreachable) must not stop every command
+        _recover_publish()
+    except Exception as e:
+        message = user_error(e)
+        if message is None:
+            raise
+        typer.secho(
+            f"warning: a dataset publish killed earlier is not finished, retried at the next "
+            f"command: {message}",
+            fg="yellow",
+            err=True,
+        )
     try:
         app(standalone_mode=True)
     except Exception as e:

@@ -1,12 +1,15 @@
 """The build lock on data/ and the publish journal it replays: one build or rollback at a time, and
 whatever a killed publish left behind undone (before its git commit) or finished (after it) by
-the next process that takes the lock.
+the next process that takes the lock; staging folders of killed builds are removed there too.
 
 A journal (.dvc/tmp/rcgrpo-publish.json, written by rcgrpo.data.publishing before its first
-rename) records what moves where; `recover` reads it. `rcgrpo` runs it at start too.
+rename and again before its git commit) records what moves where; `recover` reads it, and acts
+only on paths a publish could have written (a journal naming anything else is refused, never
+followed). `rcgrpo` runs it at start too.
 
     with build_lock(root):   # waits for another build; recovers a killed publish first
         ...
+    .venv/bin/pytest tests/test_versioning.py tests/test_recovery.py -q
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ import json
 import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 
-from rcgrpo.data.versioning import BuildLocked, _git, push
+from rcgrpo.data.versioning import BuildLocked, VersioningError, _git, _md5_of, push
 
 LOCK_NAME = "rcgrpo-build.lock"
 JOURNAL = "rcgrpo-publish.json"  # in .dvc/tmp: what a publish in progress has moved where
+STAGING, KEPT, PREVIOUS = "rcgrpo-staging-", "rcgrpo-kept-", "rcgrpo-previous-"
 
 
 def journal_path(root: Path) -> Path:
@@ -34,18 +39,65 @@ def write_journal(root: Path, entry: dict) -> None:
     os.replace(tmp, journal_path(root))  # atomic: the journal is always whole
 
 
+def _checked(root: Path, j) -> tuple[Path, Path, Path]:
+    """(data, backup, new) of a journal, each where a publish puts it, else VersioningError:
+    recovery renames and deletes these, so a corrupt or planted journal must not steer it."""
+    tmp = root / ".dvc" / "tmp"
+    try:
+        data, backup, new = root / j["data_dir"], Path(j["backup"]), Path(j["new"])
+        ok = j["phase"] in ("swap", "commit", "committed") and isinstance(j["had_data"], bool)
+    except (TypeError, KeyError):
+        ok = False
+    if ok:
+        data, new = data.resolve(), new.resolve()
+        ok = (
+            data != root
+            and data.is_relative_to(root)
+            and not any(data.is_relative_to(g) for g in (root / ".git", root / ".dvc"))
+            and backup.parent == tmp
+            and backup.name.startswith(PREVIOUS)
+            and new.is_relative_to(root)
+            and new not in (root, data)
+            and not new.is_relative_to(root / ".git")
+        )
+    if not ok:
+        raise VersioningError(
+            f"{journal_path(root)} is not a journal rcgrpo wrote (its paths lie outside the "
+            "project's data folder and .dvc/tmp): left as it is, nothing was moved; read it "
+            "and delete it"
+        )
+    return data, backup, new
+
+
+def _landed(root: Path, j: dict) -> bool:
+    """Whether the git commit of a publish killed in its 'commit' phase was made: HEAD moved
+    since the journal was written and data.dvc at HEAD names the new build."""
+    head = _git(root, "rev-parse", "--verify", "--quiet", "HEAD", check=False)
+    if not head or head == j.get("head_before"):
+        return False
+    text = _git(root, "show", f"HEAD:{j['data_dir']}.dvc", check=False)
+    try:
+        return bool(text) and _md5_of(text) == j.get("md5")
+    except VersioningError:
+        return False
+
+
 def recover(root: str | Path) -> str | None:
     """Finish or undo a publish that was killed (call with the build lock held; build_lock
     does). Before its git commit: the previous data/, data.dvc and .gitignore go back and the
-    new build is kept where it was built. After it: the push is redone. Returns what it did."""
+    new build is kept in .dvc/tmp/rcgrpo-kept-*. After it (also a kill between the commit and
+    the journal's update): the push is redone. Returns what it did."""
     root = Path(root).resolve()
     path = journal_path(root)
     if not path.exists():
         return None
-    j = json.loads(path.read_text())
-    data, backup, new = root / j["data_dir"], Path(j["backup"]), Path(j["new"])
-    if j["phase"] == "committed":
-        push(root, j["data_dir"])  # raises (journal kept) if the remote is still unreachable
+    try:
+        j = json.loads(path.read_text())
+    except (OSError, ValueError):
+        j = None
+    data, backup, new = _checked(root, j)
+    if j["phase"] == "committed" or (j["phase"] == "commit" and _landed(root, j)):
+        push(root, j["data_dir"], j.get("remote"))  # raises (journal kept) while unreachable
         did = f"finished the publish of {j['data_dir']}/ killed before its push (pushed now)"
     else:
         if data.exists() and (backup.exists() or not j["had_data"]):  # data/ is the new build
@@ -55,6 +107,8 @@ def recover(root: str | Path) -> str | None:
                 data.rename(new)
         if backup.exists():
             backup.rename(data)
+        if new.exists() and new.parent == root / ".dvc" / "tmp" and new.name.startswith(STAGING):
+            new = new.rename(new.with_name(f"{KEPT}{uuid.uuid4().hex[:12]}"))  # not cleaned
         dvc_file = root / f"{j['data_dir']}.dvc"
         _git(root, "reset", "-q", "--", dvc_file.name, ".gitignore", check=False)  # unstage
         if j["dvc_before"] is None:
@@ -68,6 +122,27 @@ def recover(root: str | Path) -> str | None:
     shutil.rmtree(backup, ignore_errors=True)
     path.unlink()
     return did
+
+
+def clean_staging(root: str | Path) -> list[Path]:
+    """Remove the staging folders (.dvc/tmp/rcgrpo-staging-<pid>-*) of builds whose process is
+    gone: a killed build leaves one (a copy of a whole dataset) behind. Call with the build
+    lock held and after `recover` (which keeps its build as rcgrpo-kept-*). Returns the removed."""
+    removed = []
+    for folder in sorted((Path(root) / ".dvc" / "tmp").glob(f"{STAGING}*")):
+        pid = folder.name[len(STAGING) :].partition("-")[0]
+        if not pid.isdigit():
+            continue  # a staging folder of an older rcgrpo: its owner is unknown, kept
+        try:
+            os.kill(int(pid), 0)
+            continue  # a running build's (or a reused pid's: removed at a later build)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # a live process of another user
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
 
 
 @contextlib.contextmanager
@@ -92,6 +167,7 @@ def build_lock(root: str | Path, timeout: float = 600.0):
             import warnings
 
             warnings.warn(did, stacklevel=3)
+        clean_staging(root)
         yield
     finally:
         info.unlink(missing_ok=True)

@@ -13,6 +13,9 @@ once), `qwen2.5-7b-instruct`, `llama-3.1-8b-instruct` (hub ids, GPU machines).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+from rcgrpo.config import ranged
 
 LORA_TARGETS = {  # per architecture (config.model_type): attention + MLP projections
     "qwen2": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
@@ -75,16 +78,16 @@ class ModelConfig:
     profile: str = "tiny"  # one of PROFILES
     path: str = ""  # hub id or local folder overriding the profile's source ("" = profile's)
     lora: bool | None = None  # LoRA adapters (None = profile default; tiny trains all weights)
-    lora_r: int = 16  # LoRA rank
-    lora_alpha: int = 32  # LoRA scale numerator (scale = alpha / r)
-    lora_dropout: float = 0.0  # dropout on the LoRA input
+    lora_r: int = ranged(16, "[1, inf)")  # LoRA rank
+    lora_alpha: int = ranged(32, "(0, inf)")  # LoRA scale numerator (scale = alpha / r)
+    lora_dropout: float = ranged(0.0, "[0, 1)")  # dropout on the LoRA input
     lora_target_modules: tuple[str, ...] = ()  # () = LORA_TARGETS[model_type]
     train_reward_rows: bool = True  # with LoRA, also train the 2 reward-token embedding rows
     compact_docs: bool | None = None  # signature-only tool docs (None = profile default)
     gradient_checkpointing: bool | None = None  # recompute activations in backward (None = profile)
-    dtype: str = "float32"  # torch dtype name; "bfloat16" on GPUs
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # torch dtype; bfloat16 on GPUs
     device: str = "cpu"  # torch device for the policy
-    seed: int = 0  # seeds the tiny model's init and the LoRA init
+    seed: int = ranged(0, "[0, inf)")  # seeds the tiny model's init and the LoRA init
 
     def __post_init__(self):
         if self.profile not in PROFILES:

@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
+from rcgrpo.config import ranged
+
 OBJECT_STORE_BYTES = 512 * 2**20  # a local Ray started here: bounded shared memory (2-core box)
 
 
@@ -41,12 +43,15 @@ class ExecutionConfig:
     address: str = (
         "auto"  # auto: running cluster (RAY_ADDRESS / ray start) else a local one; ray://host:10001
     )
-    workers: int = 2  # Ray actors, each with its own policy and engine
-    cpus_per_worker: float = 1.0  # Ray CPUs reserved per worker
-    gpus_per_worker: float = 0.0  # Ray GPUs per worker (vLLM replicas on a GPU cluster)
-    memory_per_worker_gb: float = 2.0  # Ray memory reserved per worker (scheduling)
-    shard_size: int = 16  # episodes per shard, both backends (RL: rounded up to whole groups)
-    max_retries: int = 3  # restarts of a dead worker and retries of its shard
+    workers: int = ranged(2, "[1, inf)")  # Ray actors, each with its own policy and engine
+    cpus_per_worker: float = ranged(1.0, "[0, inf)")  # Ray CPUs reserved per worker
+    # Ray GPUs per worker (vLLM replicas on a GPU cluster)
+    gpus_per_worker: float = ranged(0.0, "[0, inf)")
+    # Ray memory reserved per worker (scheduling)
+    memory_per_worker_gb: float = ranged(2.0, "[0, inf)")
+    # episodes per shard, both backends (RL: rounded up to whole groups)
+    shard_size: int = ranged(16, "[1, inf)")
+    max_retries: int = ranged(3, "[0, inf)")  # restarts of a dead worker and retries of its shard
 
     def __post_init__(self):
         if self.backend not in ("local", "ray"):
