@@ -99,7 +99,12 @@ class Sandbox:
         fds = (from_parent, to_parent, progress_fd)
         args = [str(fd) for fd in fds] + [str(self.config.tool_memory_mb)]
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", code, *args], pass_fds=fds, env=env, stdin=subprocess.DEVNULL
+            # -P: `-c` would put the working directory first on sys.path, and a planted
+            # mmap.py there would run inside the worker
+            [sys.executable, "-P", "-c", code, *args],
+            pass_fds=fds,
+            env=env,
+            stdin=subprocess.DEVNULL,
         )
         os.close(from_parent)
         os.close(to_parent)

@@ -74,14 +74,20 @@ def _recover_publish() -> None:
     from rcgrpo.runtime import project_root
 
     if (Path(project_root()) / ".dvc" / "tmp" / "rcgrpo-publish.json").exists():
+        import warnings
+
         from rcgrpo.data.journal import build_lock
         from rcgrpo.data.versioning import BuildLocked
 
         try:  # recovers when it takes the lock; held = that publish is still running
-            with build_lock(project_root(), timeout=0):
-                pass
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                with build_lock(project_root(), timeout=0):
+                    pass
         except BuildLocked:
-            pass
+            said = []
+        for w in said:  # what the recovery did, one line each
+            typer.secho(f"note: {w.message}", fg="yellow", err=True)
 
 
 def main() -> None:

@@ -3,9 +3,10 @@ whatever a killed publish left behind undone (before its git commit) or finished
 the next process that takes the lock; staging folders of killed builds are removed there too.
 
 A journal (.dvc/tmp/rcgrpo-publish.json, written by rcgrpo.data.publishing before its first
-rename and again before its git commit) records what moves where; `recover` reads it, and acts
-only on paths a publish could have written (a journal naming anything else is refused, never
-followed). `rcgrpo` runs it at start too.
+rename and again before its git commit) records what moves where; `recover` reads it, acts only
+on paths a publish could have written (a journal naming anything else is refused, never
+followed) and deletes nothing but the previous version's copy in .dvc/tmp once it is back.
+`rcgrpo` runs it at start too.
 
     with build_lock(root):   # waits for another build; recovers a killed publish first
         ...
@@ -22,7 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
-from rcgrpo.data.versioning import BuildLocked, VersioningError, _git, _md5_of, push
+from rcgrpo.data.versioning import BuildLocked, VersioningError, _git, _md5_of, _remote_dir, push
 
 LOCK_NAME = "rcgrpo-build.lock"
 JOURNAL = "rcgrpo-publish.json"  # in .dvc/tmp: what a publish in progress has moved where
@@ -41,7 +42,10 @@ def write_journal(root: Path, entry: dict) -> None:
 
 def _checked(root: Path, j) -> tuple[Path, Path, Path]:
     """(data, backup, new) of a journal, each where a publish puts it, else VersioningError:
-    recovery renames and deletes these, so a corrupt or planted journal must not steer it."""
+    recovery renames these, so a corrupt or planted journal must not steer it. data: a folder
+    of the project that git tracks no file in (not src/), outside .git, .dvc and the remote,
+    that is a DVC-tracked data folder or holds a build (manifest.json) or is absent; backup:
+    .dvc/tmp/rcgrpo-previous-*; new: inside the project."""
     tmp = root / ".dvc" / "tmp"
     try:
         data, backup, new = root / j["data_dir"], Path(j["backup"]), Path(j["new"])
@@ -50,21 +54,24 @@ def _checked(root: Path, j) -> tuple[Path, Path, Path]:
         ok = False
     if ok:
         data, new = data.resolve(), new.resolve()
+        guarded = (root / ".git", root / ".dvc", _remote_dir(root))
         ok = (
             data != root
             and data.is_relative_to(root)
-            and not any(data.is_relative_to(g) for g in (root / ".git", root / ".dvc"))
+            and not any(data.is_relative_to(g) or g.is_relative_to(data) for g in guarded)
+            and not _git(root, "ls-files", "--", str(data), check=False)
+            and (not data.exists() or (data / "manifest.json").is_file()
+                 or (root / f"{j['data_dir']}.dvc").is_file())
             and backup.parent == tmp
             and backup.name.startswith(PREVIOUS)
             and new.is_relative_to(root)
             and new not in (root, data)
             and not new.is_relative_to(root / ".git")
-        )
+        )  # fmt: skip
     if not ok:
         raise VersioningError(
-            f"{journal_path(root)} is not a journal rcgrpo wrote (its paths lie outside the "
-            "project's data folder and .dvc/tmp): left as it is, nothing was moved; read it "
-            "and delete it"
+            f"{journal_path(root)} is not a journal rcgrpo wrote (it names paths a publish "
+            "does not write): left as it is, nothing was moved; read it and delete it"
         )
     return data, backup, new
 
@@ -101,10 +108,9 @@ def recover(root: str | Path) -> str | None:
         did = f"finished the publish of {j['data_dir']}/ killed before its push (pushed now)"
     else:
         if data.exists() and (backup.exists() or not j["had_data"]):  # data/ is the new build
-            if new.exists():
-                shutil.rmtree(data)
-            else:
-                data.rename(new)
+            if new.exists():  # kept twice: never delete, keep this copy beside it
+                new = new.with_name(f"{KEPT}{uuid.uuid4().hex[:12]}")
+            data.rename(new)
         if backup.exists():
             backup.rename(data)
         if new.exists() and new.parent == root / ".dvc" / "tmp" and new.name.startswith(STAGING):

@@ -55,7 +55,8 @@ class EvalConfig:
     temperature: float = ranged(0.0, "[0, inf)")
     tokens: tuple[str, ...] = ("high",)  # of "high", "low", "none"; high+low gives the gap
     seeds: tuple[int, ...] = ranged((0,), "[0, inf)")  # one full pass over the tasks per seed
-    categories: tuple[str, ...] = CATEGORIES  # BFCL multi-turn categories to include
+    # BFCL multi-turn categories to include
+    categories: tuple[Literal["base", "miss_func", "miss_param", "long_context"], ...] = CATEGORIES
     task_file: str = ""  # only the tasks of this dataset file (JSONL), e.g. the RL tasks
     # first N tasks per category (0 = all), for quick checks only
     limit: int = ranged(0, "[0, inf)")
