@@ -56,12 +56,24 @@ def private_token():
     keys = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
     saved = {k: os.environ.get(k) for k in keys}
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=path, RAY_ADDRESS="local")
+    _reload_auth()
     try:
         yield path
     finally:
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        _reload_auth()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _reload_auth() -> None:
+    """Ray reads RAY_AUTH_MODE and the token into its config when ray is imported; the
+    processes it starts read the environment. Re-read both here, as Ray's own
+    `_enable_token_auth` does, so this driver and its cluster agree (else: InvalidAuthToken)."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 @contextlib.contextmanager
