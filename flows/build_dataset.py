@@ -6,7 +6,8 @@ write (into a staging folder) -> validate (Great Expectations) -> version (swap 
 dvc add, git commit data.dvc, dvc push: one task under the build lock, recoverable after a
 kill, see rcgrpo.data.publishing). A failing suite raises before versioning, so data/ and
 data.dvc keep the previous version, checked out. Retries only on the I/O task write.
-Runs against PREFECT_API_URL when set, else an ephemeral local server.
+Runs against PREFECT_API_URL when set; `rcgrpo data build` else uses `rcgrpo ui`'s server or one
+of its own that stops with it (rcgrpo.servers.prefect_for_flows).
 
     rcgrpo data build                                   # params.yaml `dataset:`
     rcgrpo data build --set train_tasks=8 --set test_tasks=4 --set rollouts=off
