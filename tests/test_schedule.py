@@ -193,6 +193,36 @@ def test_without_the_auth_string_a_foreign_host_or_page_gets_nothing(server, pre
     assert json.loads(settings)["api_url"] == server  # the UI calls this port, not :4200
 
 
+def test_the_auth_string_goes_only_to_a_server_that_asks_for_it(prefect):
+    """`rcgrpo run` looks for `rcgrpo ui`'s server on its port: it sends the machine's auth
+    string only to a server of this user that refuses requests without it. A stand-in that
+    answers 200 to everything (what a server planted on 4200 would do) never sees it."""
+    import http.server
+    import threading
+
+    home = prefect.log.parent
+    port = int(prefect.url.rsplit(":", 1)[1])
+    assert servers.prefect_api_running(port, home) == (f"{prefect.url}/api", prefect.auth)
+    seen = []
+
+    class Yes(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    fake = http.server.HTTPServer(("127.0.0.1", 0), Yes)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    try:
+        assert servers.prefect_api_running(fake.server_address[1], home) is None
+    finally:
+        fake.shutdown()
+    assert seen and not any(seen), seen  # asked, but never with the auth string
+
+
 def test_websockets_need_the_auth_string_whatever_the_origin(prefect):
     """Issue 23: /api/events/in and /api/events/out took a foreign Origin, forged events and
     streamed flow-run events. Now the first message must carry the auth string."""
@@ -228,6 +258,8 @@ def test_the_ui_logs_in_with_the_auth_string_in_a_real_browser(prefect, tmp_path
     """The Prefect UI in headless Chromium: a login page first (the API answers 401), then,
     with the auth string typed in, the dashboard, whose API calls answer 200."""
     seen = asyncio.run(_browse(prefect.url + "/", prefect.auth, tmp_path))
+    print(f"before login: {' '.join(seen['before'].split())[:160]!r}; after: {seen['after_url']}; "
+          f"API calls after login: {seen['api_after']}")  # fmt: skip
     assert "password" in seen["before"].lower() or "login" in seen["before"].lower(), seen
     assert "/v2/login" not in seen["after_url"], seen
     assert any(k.endswith("/api/admin/version") or "/api/" in k for k in seen["api_after"]), seen

@@ -120,18 +120,30 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def port_owner(port: int) -> str:
-    """'pid 123 (prefect server start ...)' for the process listening on TCP `port`."""
-    inodes = set()
+def _listening(port: int) -> list[list[str]]:
+    """The /proc/net/tcp{,6} rows of sockets listening on TCP `port` (fields split)."""
+    rows = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            rows = Path(table).read_text().splitlines()[1:]
+            lines = Path(table).read_text().splitlines()[1:]
         except OSError:
             continue
-        for row in rows:
-            f = row.split()  # sl local_address rem_address st ... inode
+        for line in lines:
+            f = line.split()  # sl local_address rem_address st ... uid timeout inode
             if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A = LISTEN
-                inodes.add(f[9])
+                rows.append(f)
+    return rows
+
+
+def port_is_mine(port: int) -> bool:
+    """Whether what listens on TCP `port` runs as this user (before sending it a secret)."""
+    rows = _listening(port)
+    return bool(rows) and all(int(f[7]) == os.getuid() for f in rows)
+
+
+def port_owner(port: int) -> str:
+    """'pid 123 (prefect server start ...)' for the process listening on TCP `port`."""
+    inodes = {f[9] for f in _listening(port)}
     for pid in sorted(filter(str.isdigit, os.listdir("/proc")), key=int):
         try:
             links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}

@@ -39,7 +39,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from rcgrpo.procs import GRACE_S, child_env, guarded, port_free, port_owner
+from rcgrpo.procs import GRACE_S, child_env, guarded, port_free, port_is_mine, port_owner
 from rcgrpo.runtime import apply_defaults, project_root
 
 HOST = "127.0.0.1"
@@ -203,12 +203,15 @@ def stop(server: Server, timeout: float = GRACE_S + 10) -> None:
 
 def prefect_api_running(port: int = 4200, home: Path | None = None) -> tuple[str, str] | None:
     """(API URL, auth string) of `rcgrpo ui`'s Prefect server when one answers on
-    127.0.0.1:<port> and takes this machine's auth string; else None."""
+    127.0.0.1:<port>, runs as this user, refuses a request without the auth string and takes
+    this machine's one; else None (the string is never sent to anyone else's server)."""
     api = f"http://{HOST}:{port}/api"
-    if not answers(f"{api}/health", timeout=1.0):
-        return None
+    if not port_is_mine(port) or not answers(f"{api}/health", timeout=1.0):
+        return None  # the auth string goes only to a server of this user that asks for it
     auth = prefect_auth(home, create=False)
-    return (api, auth) if auth and answers(f"{api}/admin/version", 2.0, auth) else None
+    if not auth or answers(f"{api}/admin/version", 2.0):
+        return None
+    return (api, auth) if answers(f"{api}/admin/version", 2.0, auth) else None
 
 
 def prefect_for_flows(stack: contextlib.ExitStack) -> str:
