@@ -48,7 +48,9 @@ def home(tmp_path_factory):
 
 def _start(home):
     """`rcgrpo ui` on free ports; returns (proc, ports, lines so far) once both answer."""
-    mport, pport = _free_port(), _free_port()
+    mport = pport = _free_port()
+    while pport == mport:  # the kernel may hand out the same free port twice in a row
+        pport = _free_port()
     env = {**os.environ, "PREFECT_HOME": str(home / "prefect"),
            "MLFLOW_TRACKING_URI": f"sqlite:///{home}/mlflow/mlflow.db"}  # fmt: skip
     env.pop("PREFECT_API_URL", None)

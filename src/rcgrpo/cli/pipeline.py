@@ -149,6 +149,8 @@ def ui(
     from rcgrpo import servers
     from rcgrpo.tracking import runs as tracking
 
+    if mlflow_port == prefect_port:
+        raise servers.ServerError(f"--mlflow-port and --prefect-port are both {mlflow_port}")
     servers.check_port(mlflow_port, "--mlflow-port")  # both before either starts
     servers.check_port(prefect_port, "--prefect-port")
     for sig in (signal.SIGTERM, signal.SIGHUP):
