@@ -27,6 +27,7 @@ DEFAULTS = {
     "DVC_NO_ANALYTICS": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    "RAY_USAGE_STATS_ENABLED": "0",
     # 2 cores: the ephemeral Prefect server needs longer than its 20 s default to start.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
     # The ephemeral server a flow run starts (no PREFECT_API_URL) has no UI, so no page of any

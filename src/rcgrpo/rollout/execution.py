@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
-OBJECT_STORE_BYTES = 512 * 2**20  # a local Ray started here: bounded shared memory (2-core box)
+from rcgrpo.config import ranged
 
 
 @dataclass(frozen=True)
@@ -38,15 +38,18 @@ class ExecutionConfig:
     """params.yaml `execution:` section."""
 
     backend: Literal["local", "ray"] = "local"  # local: this process; ray: Ray actor workers
-    address: str = (
-        "auto"  # auto: running cluster (RAY_ADDRESS / ray start) else a local one; ray://host:10001
-    )
-    workers: int = 2  # Ray actors, each with its own policy and engine
-    cpus_per_worker: float = 1.0  # Ray CPUs reserved per worker
-    gpus_per_worker: float = 0.0  # Ray GPUs per worker (vLLM replicas on a GPU cluster)
-    memory_per_worker_gb: float = 2.0  # Ray memory reserved per worker (scheduling)
-    shard_size: int = 16  # episodes per shard, both backends (RL: rounded up to whole groups)
-    max_retries: int = 3  # restarts of a dead worker and retries of its shard
+    # local: a private cluster (0600 token); auto: RAY_ADDRESS or the `ray start` one, else
+    # private (never one found in `ps`); or ray://host:10001 (rcgrpo.rollout.ray_cluster)
+    address: str = "local"
+    workers: int = ranged(2, "[1, inf)")  # Ray actors, each with its own policy and engine
+    cpus_per_worker: float = ranged(1.0, "[0, inf)")  # Ray CPUs reserved per worker
+    # Ray GPUs per worker (vLLM replicas on a GPU cluster)
+    gpus_per_worker: float = ranged(0.0, "[0, inf)")
+    # Ray memory reserved per worker (scheduling)
+    memory_per_worker_gb: float = ranged(2.0, "[0, inf)")
+    # episodes per shard, both backends (RL: rounded up to whole groups)
+    shard_size: int = ranged(16, "[1, inf)")
+    max_retries: int = ranged(3, "[0, inf)")  # restarts of a dead worker and retries of its shard
 
     def __post_init__(self):
         if self.backend not in ("local", "ray"):
@@ -228,28 +231,17 @@ def session(cfg: ExecutionConfig | None = None):
     if cfg.backend == "local":
         yield Backend(cfg)
         return
-    import ray
+    from rcgrpo.config import PROCESS_SETS_ENV
+    from rcgrpo.rollout.ray_cluster import connect
+    from rcgrpo.runtime import DEFAULTS
 
-    started = False
-    if not ray.is_initialized():
-        from rcgrpo.config import PROCESS_SETS_ENV
-        from rcgrpo.runtime import DEFAULTS
-
-        env_vars = dict(DEFAULTS)  # and the CLI's --set env.* for the actors' tool workers
-        if PROCESS_SETS_ENV in os.environ:
-            env_vars[PROCESS_SETS_ENV] = os.environ[PROCESS_SETS_ENV]
-        env = {"runtime_env": {"env_vars": env_vars}}
+    env_vars = dict(DEFAULTS)  # and the CLI's --set env.* for the actors' tool workers
+    if PROCESS_SETS_ENV in os.environ:
+        env_vars[PROCESS_SETS_ENV] = os.environ[PROCESS_SETS_ENV]
+    with connect(cfg, {"env_vars": env_vars}) as ray:  # which cluster: rollout/ray_cluster.py
+        backend = Backend(cfg, ray)
         try:
-            ray.init(address=cfg.address, **env)
-        except ConnectionError:  # auto and no running cluster: a local one, stopped at the end
-            ray.init(num_cpus=max(2, cfg.workers), object_store_memory=OBJECT_STORE_BYTES,
-                     include_dashboard=False, **env)  # fmt: skip
-        started = True
-    backend = Backend(cfg, ray)
-    try:
-        yield backend
-    finally:
-        for a in backend.actors:
-            ray.kill(a)
-        if started:
-            ray.shutdown()
+            yield backend
+        finally:
+            for a in backend.actors:
+                ray.kill(a)

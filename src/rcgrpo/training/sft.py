@@ -46,21 +46,25 @@ class SFTConfig:
     mode: Literal["sft", "rctp"] = "rctp"  # rctp: mixed data + reward goals; sft: experts, no goal
     data: str = "data/rctp/train.jsonl"  # Trajectory JSONL (rcgrpo.chat.record)
     out_dir: str = "outputs/rctp"  # checkpoints/, final/ (the adapter or full model)
-    lr: float = 1e-5  # AdamW peak learning rate (paper: 1e-5)
-    batch_size: int = 16  # sequences per optimizer step (paper: 16)
-    micro_batch_size: int = 4  # sequences per forward pass; accumulation = batch / micro
+    lr: float = ranged(1e-5, "(0, 1]")  # AdamW peak learning rate (paper: 1e-5)
+    batch_size: int = ranged(16, "[1, inf)")  # sequences per optimizer step (paper: 16)
+    # sequences per forward pass; accumulation = batch / micro
+    micro_batch_size: int = ranged(4, "[1, inf)")
     # tokens per forward pass: the batch's examples sorted by length and packed up to this many
     # computed tokens (padded, or packed under flash-attention); 0 = micro_batch_size examples
     max_tokens_per_micro_batch: int = ranged(0, "[0, inf)")  # 0 = by count, micro_batch_size
-    epochs: int = 5  # passes over the data (paper: 5 for RCTP-FT, 2 for SFT)
-    max_len: int = 0  # longest rendered example kept; longer ones are dropped and counted
+    epochs: int = ranged(5, "[1, inf)")  # passes over the data (paper: 5 for RCTP-FT, 2 for SFT)
+    # longest rendered example kept; longer ones are dropped and counted
+    max_len: int = ranged(0, "[0, inf)")
     # (0 = the model profile's sft_max_len, rcgrpo.models.profiles.PROFILES; a cut would lose the
     # assistant tokens at the end or the system prompt at the start)
-    warmup_ratio: float = 0.03  # linear warmup fraction of the steps, then linear decay to 0
-    weight_decay: float = 0.0  # AdamW weight decay
-    grad_clip: float = 1.0  # max global grad norm (0 = off)
-    save_every: int = 0  # checkpoint every N optimizer steps (0 = only the final model)
-    seed: int = 0  # batch order and any dropout
+    # linear warmup fraction of the steps, then linear decay to 0
+    warmup_ratio: float = ranged(0.03, "[0, 1)")
+    weight_decay: float = ranged(0.0, "[0, 1]")  # AdamW weight decay
+    grad_clip: float = ranged(1.0, "[0, inf)")  # max global grad norm (0 = off)
+    # checkpoint every N optimizer steps (0 = only the final model)
+    save_every: int = ranged(0, "[0, inf)")
+    seed: int = ranged(0, "[0, inf)")  # batch order and any dropout
 
     def __post_init__(self):
         if self.batch_size % self.micro_batch_size:
