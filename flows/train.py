@@ -9,6 +9,13 @@ the saved model folder as the run's `model` artifact (an I/O task, retried) and 
 (flows/pipeline.py) so the version carries the held-out metrics. RL writes sampled rollouts as
 MLflow traces of the run as it trains (params.yaml `traces:`, rcgrpo.tracking.traces).
 
+On several GPUs (`rcgrpo run --procs 8`, exported as $RCGRPO_TRAIN_PROCS) the stage's training
+runs as `torchrun --standalone --nproc_per_node 8 flows/train.py --launched SPEC`: one process
+per GPU (each binds cuda:LOCAL_RANK, rcgrpo.training.distributed), the stage's configs in the
+SPEC file, rank 0 logging every step to this stage's MLflow run and saving the model; the flow,
+the data stage and the evaluation stay in the one driver process. On a CPU box the ranks run
+over gloo (tests/test_cli_pipeline.py runs 2).
+
     .venv/bin/python flows/train.py rctp '{"epochs": 1}'      # one stage on its own
 """
 
@@ -16,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -29,6 +38,15 @@ from rcgrpo.tracking import runs as tracking
 apply_defaults()
 
 STAGES = ("rctp", "sft", "rl")
+PROCS_ENV = "RCGRPO_TRAIN_PROCS"  # `rcgrpo run --procs N`: training stages on N ranks
+
+
+def train_procs() -> int:
+    """Processes (GPUs) each training stage runs on: $RCGRPO_TRAIN_PROCS, else 1."""
+    raw = os.environ.get(PROCS_ENV, "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"${PROCS_ENV} must be a positive integer, got {raw!r}")
+    return int(raw)
 
 
 def _abs(path: str, root: Path) -> str:
@@ -89,6 +107,9 @@ def fit(stage: str, cfg, model_cfg, rollout_cfg, run_id: str, traces_cfg=None) -
     sampled episodes as traces). Returns the folder of the final model (save_policy layout)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    if (procs := train_procs()) > 1:  # one process per GPU: torchrun, rank 0 logs and saves
+        tracking.set_tags(run_id, {"train.procs": str(procs)})
+        return launch(stage, cfg, model_cfg, rollout_cfg, run_id, procs, traces_cfg)
     to_mlflow = tracking.metrics_logger(run_id)
     shown = ("sft/loss", "reward/mean", "rollout/zero_variance_frac")
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -105,13 +126,7 @@ def fit(stage: str, cfg, model_cfg, rollout_cfg, run_id: str, traces_cfg=None) -
             from rcgrpo.rollout.execution import ExecutionConfig, session
             from rcgrpo.training.grpo.run import run_rl
 
-            tracer = hook = None
-            if traces_cfg is not None and traces_cfg.enabled and traces_cfg.rl_every:
-                from rcgrpo.tracking import traces
-
-                base = {"variant": traces.run_variant(run_id)}
-                tracer = traces.EpisodeTracer(run_id, traces_cfg, base)
-                hook = traces.rl_hook(tracer, cfg.steps, cfg.group_size)
+            tracer, hook = rl_tracer(run_id, cfg, traces_cfg)
             with session(load_section("execution", ExecutionConfig)) as backend:
                 tracking.set_tags(run_id, backend.tags())  # the Ray job of the rollouts
                 final = run_rl(cfg, model_cfg, rollout_cfg, log_metrics=log, backend=backend,
@@ -123,6 +138,95 @@ def fit(stage: str, cfg, model_cfg, rollout_cfg, run_id: str, traces_cfg=None) -
 
             final = run_sft(cfg, model_cfg, log_metrics=log)
     return str(final)
+
+
+def rl_tracer(run_id: str, cfg, traces_cfg):
+    """(EpisodeTracer, the Trainer's on_rollouts hook) for an RL run, or (None, None) when
+    traces are off. traces_cfg: a TracesConfig, or its fields as a dict (a launch spec)."""
+    from rcgrpo.tracking import traces
+
+    if isinstance(traces_cfg, dict):
+        traces_cfg = traces_config(traces_cfg)
+    if traces_cfg is None or not traces_cfg.enabled or not traces_cfg.rl_every:
+        return None, None
+    tracer = traces.EpisodeTracer(run_id, traces_cfg, {"variant": traces.run_variant(run_id)})
+    return tracer, traces.rl_hook(tracer, cfg.steps, cfg.group_size)
+
+
+def launch(
+    stage: str, cfg, model_cfg, rollout_cfg, run_id: str, procs: int, traces_cfg=None
+) -> str:
+    """The stage on `procs` ranks under torchrun (this file, `--launched SPEC`); the saved
+    model's folder. A failed rank fails the stage in one line (the ranks' output is above)."""
+    spec = Path(cfg.out_dir) / "launch.json"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    configs = {"cfg": cfg, "model": model_cfg, "rollout": rollout_cfg, "traces": traces_cfg}
+    spec.write_text(
+        json.dumps(
+            {
+                "stage": stage,
+                "run_id": run_id,
+                **{k: dataclasses.asdict(v) for k, v in configs.items() if v is not None},
+            },
+            indent=1,
+        )
+    )
+    if "torch" in sys.modules:  # the driver's cached GPU memory (a data-stage policy) back
+        import torch
+
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc_per_node", str(procs), __file__, "--launched", str(spec)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=project_root())
+    final = Path(cfg.out_dir) / "final"
+    if done.returncode != 0 or not final.is_dir():
+        raise RuntimeError(f"{stage} on {procs} ranks (torchrun) failed with exit code "
+                           f"{done.returncode}: see the ranks' output above")  # fmt: skip
+    return str(final)
+
+
+def run_launched(spec_path: str) -> None:
+    """One rank of `launch`: the stage's configs from the spec, rank 0 logging to MLflow."""
+    from rcgrpo.config import build
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.training import distributed
+
+    spec = json.loads(Path(spec_path).read_text())
+    stage, run_id = spec["stage"], spec["run_id"]
+    if stage == "rl":
+        from rcgrpo.training.grpo.config import RLConfig as cls
+    else:
+        from rcgrpo.training.sft import SFTConfig as cls
+    cfg = build(cls, spec["cfg"], f"{spec_path}:cfg")
+    model_cfg = build(ModelConfig, spec["model"], f"{spec_path}:model")
+    to_mlflow = tracking.metrics_logger(run_id)
+
+    def log(metrics: dict, step: int) -> None:  # called on rank 0 only
+        to_mlflow(metrics, step)
+        shown = ("sft/loss", "reward/mean", "rollout/zero_variance_frac", "perf/step_s")
+        print(f"{stage} step {step}  " + "  ".join(
+            f"{k}={metrics[k]:.4g}" for k in shown if k in metrics), flush=True)  # fmt: skip
+
+    if stage == "rl":
+        from rcgrpo.rollout.engine import RolloutConfig
+        from rcgrpo.rollout.execution import ExecutionConfig, session
+        from rcgrpo.training.grpo.run import run_rl
+
+        rollout_cfg = build(RolloutConfig, spec["rollout"], f"{spec_path}:rollout")
+        tracer, hook = (
+            rl_tracer(run_id, cfg, spec.get("traces")) if distributed.is_main() else (None, None)
+        )
+        with session(load_section("execution", ExecutionConfig)) as backend:
+            if distributed.is_main():
+                tracking.set_tags(run_id, backend.tags())
+            run_rl(cfg, model_cfg, rollout_cfg, log_metrics=log, backend=backend, on_rollouts=hook)
+        if tracer is not None:
+            tracking.log_metrics(run_id, tracer.metrics(), cfg.steps)
+    else:
+        from rcgrpo.training.sft import run_sft
+
+        run_sft(cfg, model_cfg, log_metrics=log)
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
@@ -165,4 +269,7 @@ def train_flow(
 
 
 if __name__ == "__main__":
-    train_flow(sys.argv[1], overrides=json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)
+    if sys.argv[1] == "--launched":  # one rank of `launch` (torchrun)
+        run_launched(sys.argv[2])
+    else:
+        train_flow(sys.argv[1], overrides=json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)

@@ -200,23 +200,27 @@ def test_rl_hook_traces_sampled_steps_with_what_was_trained(renderer, mlflow_sto
 
     from rcgrpo.tracking import runs as tracking
     from rcgrpo.tracking.traces import EpisodeTracer, rl_hook
-    from rcgrpo.training.grpo.rollouts import StepRollouts
+    from rcgrpo.training.grpo.rollouts import Sampled, StepRollouts
 
     seen = []
     trainer = make(mlflow_store / "rl", steps=3)
-    trainer.on_rollouts = lambda step, out: seen.append((step, out.rewards.mean().item()))
+    trainer.on_rollouts = lambda step, out: seen.append((step, out.rewards.mean().item(),
+                                                         len(out.records), out.first))  # fmt: skip
     history = trainer.train()
-    assert [s for s, _ in seen] == [1, 2, 3]
-    assert [m for _, m in seen] == pytest.approx([h["reward/mean"] for h in history])
+    assert [s[0] for s in seen] == [1, 2, 3]
+    assert {s[2:] for s in seen} == {(12, 0)}  # the whole rollouts the update's tensors came from
+    assert [s[1] for s in seen] == pytest.approx([h["reward/mean"] for h in history])
 
     good, bad = scored(renderer)
     with tracking.start_run("rl") as run:
         tracer = EpisodeTracer(run.info.run_id, TracesConfig(rl_every=2, rl_groups=1))
         hook = rl_hook(tracer, steps=3, group_size=2)
         for step in (1, 2, 3):
-            out = StepRollouts([get_task(TASK)] * 2, [HIGH, LOW, HIGH, LOW], [good, bad, good, bad],
-                               [(1, 1), (0, 0)] * 2, torch.tensor([[1.0, 0.0]] * 2),
-                               torch.tensor([1.0, -1.0] * 2), 0.25)  # fmt: skip
+            whole = [good, bad, good, bad]
+            out = StepRollouts([get_task(TASK)] * 2, [HIGH, LOW, HIGH, LOW],
+                               [Sampled.of(r) for r in whole], [(1, 1), (0, 0)] * 2,
+                               torch.tensor([[1.0, 0.0]] * 2), torch.tensor([1.0, -1.0] * 2), 0.25,
+                               4, whole, 0)  # fmt: skip
             hook(step, out)
     assert [(t["rl_step"], t["goal"], t["group"]) for t in tracer.written] == [
         ("1", "high", "0"), ("1", "low", "0"), ("3", "high", "0"), ("3", "low", "0"),

@@ -132,7 +132,10 @@ class EpisodeTracer:
 
 def rl_hook(tracer: EpisodeTracer, steps: int, group_size: int) -> Callable[[int, object], None]:
     """`on_rollouts(step, out)` for the RL Trainer: traces the sampled groups of sampled steps.
-    out: the step's rcgrpo.training.grpo.rollouts.StepRollouts (group-major)."""
+    out: the step's rcgrpo.training.grpo.rollouts.StepRollouts (group-major); the traces are
+    built from out.records, the whole rollouts this (main) rank sampled, from which the update's
+    ids, loss mask and log-probs (out.rollouts) were taken. Under torchrun the main rank holds
+    the first groups, so the first rl_groups groups are traced as long as it has them."""
     cfg = tracer.cfg
 
     def on_rollouts(step: int, out) -> None:
@@ -142,7 +145,9 @@ def rl_hook(tracer: EpisodeTracer, steps: int, group_size: int) -> Callable[[int
         window = (end - int(out.seconds * 1e9), end)  # the step's rollout wall time
         episodes = []
         for i in traced_rollouts(len(out.rollouts), group_size, cfg.rl_groups):
-            rollout = out.rollouts[i]
+            if not 0 <= i - out.first < len(out.records):  # sampled by another rank
+                continue
+            rollout = out.records[i - out.first]  # the record out.rollouts[i] was taken from
             if not _recorded(rollout):
                 continue
             attributes, tags = _common(rollout, GOALS.get(out.tokens[i], str(out.tokens[i])))
