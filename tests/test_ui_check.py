@@ -81,7 +81,10 @@ def test_finished_run_seen_in_the_ui(prefect_server, tmp_path, chromium):
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
     rl = runs["rl"]
     assert rl.data.metrics["traces/episodes"] == 2 * 4 * 2  # 2 steps x 4 groups x G = 2
-    os.environ["MLFLOW_TRACKING_URI"] = uri
+    import mlflow
+
+    previous, env_before = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)  # beats a URI an earlier test of this process set
     try:
         from rcgrpo.tracking.traces import find_traces
 
@@ -102,7 +105,10 @@ def test_finished_run_seen_in_the_ui(prefect_server, tmp_path, chromium):
         goals = [t.info.tags["goal"] for t in evaluated]
         assert goals.count("high") == goals.count("low") == len(evaluated_tasks)
     finally:
-        del os.environ["MLFLOW_TRACKING_URI"]
+        mlflow.set_tracking_uri(previous)
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        if env_before is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = env_before
 
     # the report names, per RL task, a success and a failure before and after RL
     pipeline = runs["pipeline"]
