@@ -40,7 +40,8 @@ def config(root, **kw) -> DatasetConfig:
 def v1(prefect_server, tmp_path_factory):
     """A project with one version built by the flow, base-policy rollouts switched on."""
     root = make_project(tmp_path_factory.mktemp("flow") / "proj")
-    result = build_dataset_flow(config(root, rollouts="on", rollout_max_tokens=720))
+    budget = {"max_new_tokens": 64}  # the `rollout:` section's; episode budget: the profile's
+    result = build_dataset_flow(config(root, rollouts="on"), rollout_overrides=budget)
     return root, result
 
 

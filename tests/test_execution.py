@@ -129,7 +129,8 @@ def test_dataset_rollout_failures_equal_on_both_backends(cluster):
     reports = []
     for exec_cfg in (ExecutionConfig(shard_size=2), CFG):
         with session(exec_cfg) as backend:
-            reports.append(rollout_failures(tasks, "combined", 0, SPEC.model, 1024, backend))
+            budget = RolloutConfig(max_new_tokens=128, max_total_tokens=1024)
+            reports.append(rollout_failures(tasks, "combined", 0, SPEC.model, budget, backend))
     assert reports[0].summary() == reports[1].summary()
     assert [r.to_json() for r in reports[0].records] == [r.to_json() for r in reports[1].records]
 

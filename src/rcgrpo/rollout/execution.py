@@ -1,11 +1,13 @@
 """Where rollouts run: in this process (`local`, the default) or on Ray workers (`ray`).
 
-The one module that imports ray (only when execution.backend is "ray"). A rollout call is cut
-into shards of `shard_size` episodes (whole GRPO groups in RL); each episode keeps its index in
-the whole call (Engine.rollout's first_index), so its sampling seeds do not depend on which
-shard or worker runs it. The local backend runs the very same shards in order in this process:
-the HF engine's batch composition (padding length, batched matmuls) could change the last bit
-of a logit, so both backends batch exactly the same episodes and give identical numbers.
+The one module that imports ray (only when execution.backend is "ray"). On Ray a rollout call is
+cut into shards of `shard_size` episodes (whole GRPO groups in RL), one per worker at a time;
+each episode keeps its index in the whole call (Engine.rollout's first_index), so its sampling
+seeds do not depend on which shard or worker runs it. The local backend runs the whole call in
+one `Engine.rollout`, every episode in flight at once (rollout.scheduler, rollout.max_in_flight):
+no shard waits for the one before it. Ray and local then give the same ids and rewards; the HF
+engine's log-probs can differ in the last bits (another batch composition, other matmul sizes),
+which is why tests/test_execution.py compares them to 1e-5.
 
 Ray workers are actors (`RolloutWorker`) that build their own policy and engine from what is
 sent (ModelConfig, model path, RolloutConfig; task ids; for RL the trainable weights of the
@@ -45,7 +47,7 @@ class ExecutionConfig:
     cpus_per_worker: float = 1.0  # Ray CPUs reserved per worker
     gpus_per_worker: float = 0.0  # Ray GPUs per worker (vLLM replicas on a GPU cluster)
     memory_per_worker_gb: float = 2.0  # Ray memory reserved per worker (scheduling)
-    shard_size: int = 16  # episodes per shard, both backends (RL: rounded up to whole groups)
+    shard_size: int = 16  # ray: episodes per shard (RL: rounded up to whole groups)
     max_retries: int = 3  # restarts of a dead worker and retries of its shard
 
     def __post_init__(self):
@@ -104,11 +106,17 @@ def run_shard(engine, task_ids, tokens, protocol, seed, first_index):
 
 
 class ShardedEngine:
-    """The Engine interface (rollout, sync) over shards, run locally or on Ray workers."""
+    """The Engine interface (rollout, sync) in this process (one call, no shards) or over
+    shards on Ray workers."""
 
     def __init__(self, local_engine=None, actors=None, group: int = 1, shard_size: int = 16):
         self.local, self.actors, self.group, self.size = local_engine, actors, group, shard_size
         self.weights, self.version = None, 0
+
+    @property
+    def last_stats(self) -> dict:
+        """The local engine's metrics of the last call (none from Ray workers)."""
+        return self.local.last_stats if self.local is not None else {}
 
     def sync(self, policy) -> None:
         if self.local is not None:
@@ -120,15 +128,10 @@ class ShardedEngine:
     def rollout(self, tasks, reward_tokens=None, protocol=None, seed=0):
         if reward_tokens is None or isinstance(reward_tokens, str):
             reward_tokens = [reward_tokens] * len(tasks)
+        if self.local is not None:  # every episode in one call: all in flight at once
+            return self.local.rollout(tasks, reward_tokens, protocol, seed)
         ids = [t.id for t in tasks]
         bounds = shard_bounds(len(tasks), self.size, self.group)
-        if self.local is not None:  # the same shards, in order, in this process
-            out = []
-            for s, e in bounds:
-                out += self.local.rollout(
-                    tasks[s:e], reward_tokens[s:e], protocol, seed, first_index=s
-                )
-            return out
         from ray.util import ActorPool
 
         pool = ActorPool(self.actors)

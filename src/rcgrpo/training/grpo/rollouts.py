@@ -11,7 +11,7 @@ out and the batch is broadcast, so every rank trains on the 1-process batch.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,6 +31,7 @@ class StepRollouts:
     rewards: torch.Tensor  # (n, G) the training reward (cfg.reward's checker)
     advantages: torch.Tensor  # (n*G,) group advantages
     seconds: float  # wall time of the rollout
+    engine_metrics: dict = field(default_factory=dict)  # the engine's last_stats (rank 0)
 
 
 def draw(tasks: list, cfg: RLConfig, step: int) -> tuple[list, list]:
@@ -64,13 +65,15 @@ def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -
     t0 = time.perf_counter()
     G = cfg.group_size
     flat_tasks = [t for t in tasks for _ in range(G)]  # group-major, matches tokens
-    rollouts = None
+    rollouts, engine_metrics = None, {}
     if ranks.rank == 0:
         rollouts = engine.rollout(flat_tasks, tokens, cfg.protocol, step_seed(cfg.seed, step))
+        # prefix-cache hit rate, tokens sent / prefilled, busy fraction (rcgrpo.rollout.engine)
+        engine_metrics = dict(getattr(engine, "last_stats", None) or {})
     rollouts = ranks.broadcast(rollouts)  # the 1-process batch, sampled once
     seconds = time.perf_counter() - t0
     scores = [score_fn(t, r) for t, r in zip(flat_tasks, rollouts, strict=True)]
     col = 0 if cfg.reward == "paper" else 1
     rewards = torch.tensor([s[col] for s in scores], dtype=torch.float32).view(-1, G)
     adv = group_advantages(rewards, cfg.advantage).flatten()  # (B,)
-    return StepRollouts(tasks, tokens, rollouts, scores, rewards, adv, seconds)
+    return StepRollouts(tasks, tokens, rollouts, scores, rewards, adv, seconds, engine_metrics)
