@@ -99,10 +99,29 @@ def _load(spec: RolloutSpec):
 
 
 def run_shard(engine, task_ids, tokens, protocol, seed, first_index):
+    """(rollouts, the engine's metrics) of one shard."""
     from rcgrpo.bfcl.tasks import get_task
 
     tasks = [get_task(t) for t in task_ids]
-    return engine.rollout(tasks, list(tokens), protocol, seed, first_index=first_index)
+    out = engine.rollout(tasks, list(tokens), protocol, seed, first_index=first_index)
+    return out, dict(engine.last_stats)
+
+
+def merge_stats(parts: list[dict]) -> dict:
+    """The engine metrics of a call run as shards: token counts summed, the hit rate over all
+    of them, busy fractions averaged, the most episodes any worker had in flight."""
+    if not parts:
+        return {}
+    sent = sum(p.get("rollout/prompt_tokens", 0.0) for p in parts)
+    prefilled = sum(p.get("rollout/prefill_tokens", 0.0) for p in parts)
+    return {
+        "rollout/prompt_tokens": sent,
+        "rollout/prefill_tokens": prefilled,
+        "rollout/prefix_cache_hit_rate": 1.0 - prefilled / sent if sent else 0.0,
+        "perf/engine_busy_frac": sum(p.get("perf/engine_busy_frac", 0.0) for p in parts)
+        / len(parts),
+        "perf/in_flight_max": max(p.get("perf/in_flight_max", 0.0) for p in parts),
+    }
 
 
 class ShardedEngine:
@@ -112,11 +131,12 @@ class ShardedEngine:
     def __init__(self, local_engine=None, actors=None, group: int = 1, shard_size: int = 16):
         self.local, self.actors, self.group, self.size = local_engine, actors, group, shard_size
         self.weights, self.version = None, 0
+        self.shard_stats: list[dict] = []  # Ray: each shard's engine metrics, last call
 
     @property
     def last_stats(self) -> dict:
-        """The local engine's metrics of the last call (none from Ray workers)."""
-        return self.local.last_stats if self.local is not None else {}
+        """The engine metrics of the last call (Ray: merged over its shards)."""
+        return self.local.last_stats if self.local is not None else merge_stats(self.shard_stats)
 
     def sync(self, policy) -> None:
         if self.local is not None:
@@ -137,8 +157,9 @@ class ShardedEngine:
         pool = ActorPool(self.actors)
         args = [(ids[s:e], reward_tokens[s:e], protocol, seed, s) for s, e in bounds]
         weights = [self.weights]  # nested: resolved by the worker only when its version is old
-        parts = pool.map(lambda a, x: a.rollout.remote(*x, self.version, weights), args)
-        out = [r for part in parts for r in part]
+        parts = list(pool.map(lambda a, x: a.rollout.remote(*x, self.version, weights), args))
+        self.shard_stats = [stats for _, stats in parts]
+        out = [r for part, _ in parts for r in part]
         if [r.task_id for r in out] != ids:
             raise RuntimeError("sharded rollout lost or duplicated episodes")
         return out

@@ -74,8 +74,10 @@ def on_all(servers, fn) -> list:
 
 
 class VLLMEngine(Engine):
-    def __init__(self, cfg: RolloutConfig, policy, workdir: str | Path | None = None):
+    def __init__(self, cfg: RolloutConfig, policy, workdir: str | Path | None = None,
+                 dev_routes: bool = False):  # fmt: skip
         super().__init__(cfg, policy)
+        self.dev_routes = dev_routes  # benchmarks: /reset_prefix_cache between configurations
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="rcgrpo-vllm-"))
         self.version = 0
         self.model_name = BASE_NAME
@@ -116,7 +118,14 @@ class VLLMEngine(Engine):
             warnings.warn("rollout.vllm_sleep_mode on the CPU: /sleep pauses the server and frees "
                           "no memory (vLLM's sleep mode is CUDA-only)", stacklevel=3)  # fmt: skip
         self.servers = [
-            VLLMServer(self.base, args, self.workdir / f"server-{i}.log", dev, cfg.vllm_sleep_mode)
+            VLLMServer(
+                self.base,
+                args,
+                self.workdir / f"server-{i}.log",
+                dev,
+                cfg.vllm_sleep_mode,
+                self.dev_routes,
+            )  # fmt: skip
             for i, dev in enumerate(devices)
         ]
         self.router, self.clocks = Router(len(self.servers)), [Clock() for _ in self.servers]

@@ -19,7 +19,8 @@ small, --enforce-eager, and --no-enable-chunked-prefill (per-request seeds crash
 prefill on the CPU). VLLM_ALLOW_RUNTIME_LORA_UPDATING=True enables /v1/load_lora_adapter.
 GPU: `devices` pins the server (CUDA_VISIBLE_DEVICES); `sleep_mode` adds --enable-sleep-mode and
 the dev routes /sleep, /wake_up, /is_sleeping (VLLM_SERVER_DEV_MODE=1; vLLM refuses the flag on
-the CPU, where /sleep only pauses the engine and frees no memory).
+the CPU, where /sleep only pauses the engine and frees no memory); `dev_routes` alone opens
+/reset_prefix_cache for benchmarks (every dev route stays behind the key).
 
     .venv/bin/python -c "from rcgrpo.rollout.vllm_server import ensure_venv; print(ensure_venv())"
 """
@@ -92,10 +93,11 @@ class VLLMServer:
     """One server process serving `model` (a transformers folder) at http://127.0.0.1:port."""
 
     def __init__(self, model: str | Path, args: list[str], log: str | Path | None = None,
-                 devices: str | None = None, sleep_mode: bool = False):  # fmt: skip
+                 devices: str | None = None, sleep_mode: bool = False, dev_routes: bool = False):  # fmt: skip
         self.model, self.args = str(model), list(args)
         self.log_path = Path(log or tempfile.mkstemp(prefix="rcgrpo-vllm-", suffix=".log")[1])
         self.devices, self.sleep_mode = devices, sleep_mode
+        self.dev_routes = dev_routes or sleep_mode  # /sleep, /reset_prefix_cache, ... (guarded)
         self.key = secrets.token_urlsafe(32)  # 256 bits, new for every server start
         self.proc: subprocess.Popen | None = None
         self.port = 0
@@ -128,7 +130,7 @@ class VLLMServer:
             VLLM_API_KEY=self.key, PYTHONPATH=str(self.home), VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
             VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
         )  # fmt: skip
-        if self.sleep_mode:
+        if self.dev_routes:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep, /wake_up, /is_sleeping (key-guarded)
         if self.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.devices
@@ -239,6 +241,10 @@ class VLLMServer:
 
     def is_sleeping(self) -> bool:
         return bool(self.get("/is_sleeping")["is_sleeping"])
+
+    def reset_prefix_cache(self) -> None:
+        """Empty the prefix cache (benchmarks: each configuration starts cold; dev routes)."""
+        self.post("/reset_prefix_cache", {})
 
     def stop(self) -> None:
         """SIGTERM to the process group, SIGKILL after 20 s; idempotent."""
