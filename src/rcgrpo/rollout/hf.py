@@ -32,6 +32,7 @@ pass over the same ids recomputes (tests/test_engines.py checks all of this). To
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -72,6 +73,20 @@ def token_logprob(logits: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[tok] at temperature 1, (B, V), (B,) -> (B,): no (B, V) log-softmax."""
     logits = logits.float()
     return logits.gather(-1, tok[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+
+
+@functools.cache
+def _cache_kw(forward_params: frozenset) -> str:
+    return "cache" if "cache" in forward_params else "past_key_values"
+
+
+def cache_kw(model) -> str:
+    """The forward keyword taking a Cache: `cache` (transformers >= 5.2x; `past_key_values`
+    is deprecated there) or `past_key_values` (earlier 5.x, e.g. a GPU image's 5.17)."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _cache_kw(frozenset(inspect.signature(base.forward).parameters))
 
 
 def prefill_groups(lengths: list[int], max_tokens: int = PREFILL_TOKENS) -> list[list[int]]:
@@ -176,7 +191,7 @@ class HFEngine(Engine):
                 part.update(k, v, layer_idx)  # the cached prefix: positions 0..start-1
             ids = torch.tensor([prompts[i][start:] for i in rows], device=device)  # (g, n-start)
             self.prefilled_tokens += ids.numel()
-            out = model(input_ids=ids, cache=part, use_cache=True, logits_to_keep=1)
+            out = model(input_ids=ids, **{cache_kw(model): part}, use_cache=True, logits_to_keep=1)
             index = torch.tensor(rows, device=device)
             for layer, src in zip(cache.layers, part.layers, strict=True):
                 if not layer.is_initialized:  # allocates (B, kv heads, T, head dim) zeros
@@ -245,7 +260,7 @@ class HFEngine(Engine):
             mask[:, :, :, L + t] = True
             out = model(
                 input_ids=tok[:, None], attention_mask=mask, position_ids=(lengths + t)[:, None],
-                cache=cache, use_cache=True, logits_to_keep=1,
+                **{cache_kw(model): cache}, use_cache=True, logits_to_keep=1,
             )  # fmt: skip
             logits = out.logits[:, -1]  # (b, V)
         self._store(cache, torch.arange(len(rows)), rows, prompts, toks, n_out, L)

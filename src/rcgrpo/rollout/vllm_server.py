@@ -49,7 +49,10 @@ GUARD = "rcgrpo_vllm_guard"  # the guard's module name inside the server's priva
 
 
 def ensure_venv() -> Path:
-    """The vLLM venv's python, building the venv first if its stamp is missing (minutes, once)."""
+    """The vLLM venv's python, building the venv first if its stamp is missing (minutes, once).
+    RCGRPO_VLLM_PYTHON names another interpreter that has vllm (e.g. a GPU image's own)."""
+    if python := os.environ.get("RCGRPO_VLLM_PYTHON"):
+        return Path(python)
     root = project_root()
     script = root / "scripts" / "vllm_venv.sh"
     if not script.exists():
