@@ -11,13 +11,15 @@ Printed per run: episodes/s and wall time, messages, generated tokens/s, each se
 fraction (share of the wall time with one of our requests in progress) and requests, the
 prefix-cache hit rate (hits / queries from /metrics) and prefilled / sent prompt tokens, the
 server's engine steps and tokens per step (`vllm:iteration_tokens_total`: how full its batches
-were), the load average before and after. The last line: async (1 server) / lock-step.
+were), the CPU seconds the client (this process and its tool workers) and the servers (their
+process groups) used (where the time went), the load average before and after. The last line:
+async (1 server) / lock-step.
 
 The episodes: `--episodes` train tasks, a quarter from each category (unequal numbers of turns,
 long tool observations in long_context), the paper's combined protocol, T = 1, 64 new tokens
 per message, 1,536 per episode. The policy must make calls for episodes to have several
 messages and tool calls (a random model answers in prose and stops): by default the tiny model
-fine-tuned (plain SFT, 15 epochs) on the ground truth of those very tasks, built once and cached
+fine-tuned (plain SFT, 30 epochs) on the ground truth of those very tasks, built once and cached
 in cache/bench/ (~5-12 min on 2 shared cores); `--model PATH` takes any saved policy instead.
 
     .venv/bin/python bench/rollout.py --schedulers
@@ -33,7 +35,31 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-SFT_EPOCHS = 15
+SFT_EPOCHS = 30
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pgids: set[int], pids: set[int]) -> float:
+    """User + system CPU seconds of the live processes in `pids` or in the groups `pgids`."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat.parent.name) in pids or int(fields[2]) in pgids:
+            total += (int(fields[11]) + int(fields[12])) / TICK
+    return total
+
+
+def cpu_split(engine) -> tuple[float, float]:
+    """(client, servers) CPU seconds so far: this process + its tool workers; the servers'
+    process groups (API server + engine core)."""
+    from rcgrpo.bfcl import sandbox
+
+    workers = {s.pid() for s in [*engine.tools._sandboxes, sandbox.default()] if s.pid()}
+    client = cpu_seconds(set(), {os.getpid(), *workers})
+    return client, cpu_seconds({s.proc.pid for s in engine.servers}, set())
 
 
 def bench_tasks(n: int) -> list:
@@ -79,6 +105,7 @@ def timed(engine, tasks, seed: int, shard: int = 0) -> dict:
     for server in engine.servers:
         server.reset_prefix_cache()
     load0, generated, before = os.getloadavg()[0], engine.generated_tokens, engine.counters()
+    cpu0 = cpu_split(engine)
     start = time.perf_counter()
     if shard:
         rollouts = []
@@ -87,6 +114,7 @@ def timed(engine, tasks, seed: int, shard: int = 0) -> dict:
     else:
         rollouts = engine.rollout(tasks, seed=seed)
     wall = time.perf_counter() - start
+    cpu1 = cpu_split(engine)
     after = engine.counters()
     servers = []
     for i in range(len(engine.servers)):
@@ -111,6 +139,7 @@ def timed(engine, tasks, seed: int, shard: int = 0) -> dict:
         "hit_rate": hits / queries if queries else 0.0, "prefilled": queries - hits,
         "sent": after["prompt"] - before["prompt"], "ids": [r.ids for r in rollouts],
         "rewards": sum(r.reward for r in rollouts),
+        "cpu": (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]),  # client, servers (CPU seconds)
     }  # fmt: skip
 
 
@@ -124,7 +153,8 @@ def report(name: str, run: dict) -> None:
         f"{name:30s} {run['episodes'] / run['wall']:6.2f} episodes/s ({run['wall']:5.1f} s, "
         f"{run['messages']} messages, {run['generated'] / run['wall']:5.0f} generated tok/s, "
         f"reward sum {run['rewards']}); prefix-cache hit rate {run['hit_rate']:.3f}, prefilled "
-        f"{run['prefilled']:,.0f} of {run['sent']:,} prompt tokens; {servers}; load "
+        f"{run['prefilled']:,.0f} of {run['sent']:,} prompt tokens; {servers}; CPU seconds: "
+        f"client {run['cpu'][0]:.1f}, servers {run['cpu'][1]:.1f}; load "
         f"{run['load'][0]:.2f} -> {run['load'][1]:.2f}",
         flush=True,
     )

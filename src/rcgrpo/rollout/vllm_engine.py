@@ -97,7 +97,7 @@ class VLLMEngine(Engine):
     def _start(self, policy) -> None:
         from rcgrpo.models.export import export_for_serving, reward_rows
 
-        self.close()
+        self._stop_servers()
         cfg = self.cfg
         devices = cfg.server_devices(visible_gpus())  # before the export: a bad config fails fast
         self.base = export_for_serving(policy, self.workdir / "base")
@@ -135,16 +135,20 @@ class VLLMEngine(Engine):
                 server.launch()
             on_all(self.servers, VLLMServer.wait)
         except BaseException:
-            self.close()
+            self._stop_servers()
             raise
         self.policy, self.model_name = policy, BASE_NAME
         if policy.is_lora:
             self._load_adapter(policy)
 
-    def close(self) -> None:
-        """Stop every server (idempotent; also runs at interpreter exit)."""
+    def _stop_servers(self) -> None:
         servers, self.servers = self.servers, []
         on_all(servers, VLLMServer.stop)
+
+    def close(self) -> None:
+        """Stop every server and the tool workers (idempotent; servers also stop at exit)."""
+        self._stop_servers()
+        super().close()
 
     def __enter__(self):
         return self
