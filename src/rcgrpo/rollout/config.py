@@ -31,21 +31,23 @@ class RolloutConfig:
 
     engine: str = "hf"  # "hf" (transformers generate loop) | "vllm" (vLLM server, own venv)
     protocol: str = "combined"  # "combined" (paper, Step 1..n + done()) | "bfcl" (turn by turn)
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0  # nucleus sampling mass
-    max_new_tokens: int = (
-        0  # per model message (0 = the model profile's, rcgrpo.models.profiles.PROFILES)
-    )
-    max_total_tokens: int = 0  # per episode: prompt + every turn (0 = the model profile's)
-    max_steps: int = 20  # model messages per turn (BFCL's step limit)
-    max_batch: int = 64  # most sequences in one batched generate call (hf)
+    temperature: float = ranged(1.0, "[0, inf)")  # 0 = greedy
+    top_p: float = ranged(1.0, "(0, 1]")  # nucleus sampling mass
+    # per model message (0 = the model profile's, rcgrpo.models.profiles.PROFILES)
+    max_new_tokens: int = ranged(0, "[0, inf)")
+    # per episode: prompt + every turn (0 = the model profile's)
+    max_total_tokens: int = ranged(0, "[0, inf)")
+    max_steps: int = ranged(20, "[1, inf)")  # model messages per turn (BFCL's step limit)
+    max_batch: int = ranged(64, "[1, inf)")  # most sequences in one batched generate call (hf)
     prefix_cache: bool = True  # hf: an episode's next message prefills only its new tokens
-    threads: int = 0  # hf on the CPU: torch threads while generating (0 = runtime.torch_threads)
+    # hf on the CPU: torch threads while generating (0 = runtime.torch_threads)
+    threads: int = ranged(0, "[0, inf)")
     scheduler: str = "async"  # "async" (episodes in flight at once) | "lockstep" (rounds)
     max_in_flight: int = ranged(1280, "[1, inf)")  # async: most episodes in flight at once
     tool_workers: int = ranged(0, "[0, inf)")  # async: sandbox workers for tools (0 = CPU count)
-    vllm_gpu_memory_utilization: float = 0.6  # vllm only: share of GPU memory for the engine
-    vllm_max_lora_rank: int = 64  # vllm only: upper bound on the adapter rank
+    # vllm only: share of GPU memory for the engine
+    vllm_gpu_memory_utilization: float = ranged(0.6, "(0, 1]")
+    vllm_max_lora_rank: int = ranged(64, "[1, inf)")  # vllm only: upper bound on the adapter rank
     vllm_servers: int = ranged(1, "[1, inf)")  # vllm: servers (data parallel), one per device set
     vllm_devices: tuple[str, ...] = ()  # vllm: CUDA_VISIBLE_DEVICES per server (() = in order)
     tensor_parallel_size: int = ranged(1, "[1, inf)")  # vllm: GPUs per server

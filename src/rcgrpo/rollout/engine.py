@@ -51,7 +51,7 @@ class Engine:
     def __init__(self, cfg: RolloutConfig, policy):
         self.cfg = cfg.for_policy(policy)  # 0 token limits = the profile's budgets
         self.policy = policy
-        self.renderer = Renderer(policy.tokenizer, policy.stop_id)
+        self.renderer = Renderer(policy.tokenizer, policy.stop_id, getattr(policy, "also_stop", ()))
         self.generated_tokens = 0  # running count, for benchmarks and logs
         self.prompt_tokens = 0  # running count of the prompt tokens of every request
         self.prefilled_tokens = 0  # of those, the ones the model computed (no cache hit)

@@ -32,7 +32,6 @@ pass over the same ids recomputes (tests/test_engines.py checks all of this). To
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
@@ -75,20 +74,6 @@ def token_logprob(logits: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
     return logits.gather(-1, tok[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
 
 
-@functools.cache
-def _cache_kw(forward_params: frozenset) -> str:
-    return "cache" if "cache" in forward_params else "past_key_values"
-
-
-def cache_kw(model) -> str:
-    """The forward keyword taking a Cache: `cache` (transformers >= 5.2x; `past_key_values`
-    is deprecated there) or `past_key_values` (earlier 5.x, e.g. a GPU image's 5.17)."""
-    import inspect
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _cache_kw(frozenset(inspect.signature(base.forward).parameters))
-
-
 def prefill_groups(lengths: list[int], max_tokens: int = PREFILL_TOKENS) -> list[list[int]]:
     """Row indices grouped by equal prompt length, each group at most max_tokens tokens."""
     by_len: dict[int, list[int]] = {}
@@ -124,6 +109,16 @@ class PrefixStore:
                     del entries[j]
                     return n, kv
         return None
+
+
+def cache_kwarg(model) -> str:
+    """The forward's name for the K/V cache: `cache` (transformers >= 5.2x, where
+    `past_key_values` is deprecated) or `past_key_values` (5.17, the lent GPU box's, where an
+    unknown `cache=` was silently ignored and the prefill kept no K/V)."""
+    import inspect
+
+    params = inspect.signature(model.get_decoder().forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 class HFEngine(Engine):
@@ -191,7 +186,8 @@ class HFEngine(Engine):
                 part.update(k, v, layer_idx)  # the cached prefix: positions 0..start-1
             ids = torch.tensor([prompts[i][start:] for i in rows], device=device)  # (g, n-start)
             self.prefilled_tokens += ids.numel()
-            out = model(input_ids=ids, **{cache_kw(model): part}, use_cache=True, logits_to_keep=1)
+            out = model(input_ids=ids, **{cache_kwarg(model): part}, use_cache=True,
+                        logits_to_keep=1)  # fmt: skip
             index = torch.tensor(rows, device=device)
             for layer, src in zip(cache.layers, part.layers, strict=True):
                 if not layer.is_initialized:  # allocates (B, kv heads, T, head dim) zeros
@@ -228,6 +224,7 @@ class HFEngine(Engine):
                 "sliding-window or linear-attention layers: use rollout.engine=vllm"
             )
         logits = self._prefill(model, prompts, cache, device)  # (B, V)
+        kw = cache_kwarg(model)
         lengths = torch.tensor([len(p) for p in prompts], device=device)  # (B,)
         mask = torch.arange(L + N, device=device) >= (L - lengths)[:, None]  # (B, T) prompt
         mask[:, L:] = False  # generated slots switch on one per step
@@ -239,12 +236,13 @@ class HFEngine(Engine):
         lps = torch.zeros((B, N), device=device)
         n_out = torch.zeros(B, dtype=torch.long, device=device)  # tokens kept per prompt
         done = torch.zeros(B, dtype=torch.bool, device=device)  # per running row
-        stop, temperature, top_p = self.policy.stop_id, self.cfg.temperature, self.cfg.top_p
+        stop = torch.tensor(self.renderer.stop_ids, device=device)  # any ends a message
+        temperature, top_p = self.cfg.temperature, self.cfg.top_p
         for t in range(N):
             tok = sample_next(logits, temperature, top_p, u[:, t])  # (b,)
             toks[rows, t] = tok
             lps[rows, t] = token_logprob(logits, tok)
-            finished = ~done & ((tok == stop) | (t + 1 >= limit))
+            finished = ~done & (torch.isin(tok, stop) | (t + 1 >= limit))
             n_out[rows[finished]] = t + 1
             done |= finished
             live = int((~done).sum())  # the one host sync per step
@@ -260,7 +258,7 @@ class HFEngine(Engine):
             mask[:, :, :, L + t] = True
             out = model(
                 input_ids=tok[:, None], attention_mask=mask, position_ids=(lengths + t)[:, None],
-                **{cache_kw(model): cache}, use_cache=True, logits_to_keep=1,
+                **{kw: cache}, use_cache=True, logits_to_keep=1,
             )  # fmt: skip
             logits = out.logits[:, -1]  # (b, V)
         self._store(cache, torch.arange(len(rows)), rows, prompts, toks, n_out, L)

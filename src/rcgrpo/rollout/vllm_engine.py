@@ -3,8 +3,7 @@
 Token in, token out. Every prompt goes to `/v1/completions` as a token-id list, one request per
 episode message (own seed, own max_tokens), sent as soon as the episode is ready for it (the
 async scheduler; lockstep: a round's requests at once), so the server batches whatever is
-running; the answer's
-`token_ids` (`return_token_ids`) are the ids the trainer trains on and its per-token logprobs
+running; the answer's `token_ids` (`return_token_ids`) are the ids trained on, its logprobs
 (`logprobs: 0`, `return_tokens_as_token_ids`: each token comes back as "token_id:N", checked
 against `token_ids`) are kept for `rollout/logprob_gap`. vLLM reports raw log-probs (before
 temperature/top-p), i.e. log softmax at temperature 1, like the HF engine. Greedy ids equal the
@@ -13,8 +12,8 @@ HF engine's; sampled ids differ (another sampler), each reproducible for a fixed
 Weights (`sync`, after every optimizer step), never a restart per RL step:
 - LoRA policy: the adapter is written as version N (`adapter-vN/`), loaded at runtime with
   `POST /v1/load_lora_adapter` (VLLM_ALLOW_RUNTIME_LORA_UPDATING) on every server, later
-  requests name it, version N-1 is unloaded. Its name is `policy-vN-<128 random bits>`: not one
-  another process on the machine could guess to load or unload an adapter of the same name. vLLM 0.32 takes no embedding rows through an adapter (its
+  requests name it, version N-1 is unloaded. Its name is `policy-vN-<128 random bits>`: none
+  another process could guess. vLLM 0.32 takes no embedding rows through an adapter (its
   LoRA extra-vocab support is gone), so the two reward-token rows, which peft's
   `trainable_token_indices` would train, are **frozen while this engine serves the policy**
   (requires_grad off at construction: the optimizer skips them); they stay as fine-tuning left
@@ -52,7 +51,7 @@ from pathlib import Path
 from rcgrpo.rollout.engine import Engine, RolloutConfig, Sample
 from rcgrpo.rollout.router import Router, visible_gpus
 from rcgrpo.rollout.scheduler import Clock, DirectClient
-from rcgrpo.rollout.vllm_server import VLLMServer, cuda
+from rcgrpo.rollout.vllm_server import VLLMServer, cuda, gpu_of
 
 BASE_NAME = "base"  # --served-model-name of the exported base weights
 
@@ -75,9 +74,11 @@ def on_all(servers, fn) -> list:
 
 class VLLMEngine(Engine):
     def __init__(self, cfg: RolloutConfig, policy, workdir: str | Path | None = None,
-                 dev_routes: bool = False):  # fmt: skip
+                 dev_routes: bool = False, device: str | None = None):  # fmt: skip
         super().__init__(cfg, policy)
         self.dev_routes = dev_routes  # benchmarks: /reset_prefix_cache between configurations
+        # issue 20 (one process per GPU): this rank's device; its one server runs on that GPU
+        self.device = device or getattr(policy.config, "device", None)
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="rcgrpo-vllm-"))
         self.version = 0
         self.model_name = BASE_NAME
@@ -94,12 +95,22 @@ class VLLMEngine(Engine):
         return self.servers[0] if self.servers else None
 
     # -- server lifecycle ------------------------------------------------------------------------
+    def server_devices(self) -> list[str | None]:
+        """CUDA_VISIBLE_DEVICES of each server. The default (one server, one GPU each, no
+        vllm_devices) follows this engine's device: a rank's cuda:i (rcgrpo run --procs) gets
+        its one server on its own GPU (vllm_server.gpu_of); otherwise rollout.vllm_devices /
+        vllm_servers x tensor_parallel_size over the visible GPUs (one process drives them all)."""
+        cfg, gpu = self.cfg, gpu_of(self.device)
+        if gpu is not None and cfg.n_servers == 1 == cfg.tensor_parallel_size:
+            return list(cfg.vllm_devices) or [gpu]
+        return cfg.server_devices(visible_gpus())
+
     def _start(self, policy) -> None:
         from rcgrpo.models.export import export_for_serving, reward_rows
 
         self._stop_servers()
         cfg = self.cfg
-        devices = cfg.server_devices(visible_gpus())  # before the export: a bad config fails fast
+        devices = self.server_devices()  # before the export: a bad config fails fast
         self.base = export_for_serving(policy, self.workdir / "base")
         self.served_rows = reward_rows(policy)
         args = ["--served-model-name", BASE_NAME, "--dtype", policy.config.dtype, "--seed", "0"]
@@ -117,17 +128,9 @@ class VLLMEngine(Engine):
         if cfg.vllm_sleep_mode and not cuda():
             warnings.warn("rollout.vllm_sleep_mode on the CPU: /sleep pauses the server and frees "
                           "no memory (vLLM's sleep mode is CUDA-only)", stacklevel=3)  # fmt: skip
-        self.servers = [
-            VLLMServer(
-                self.base,
-                args,
-                self.workdir / f"server-{i}.log",
-                dev,
-                cfg.vllm_sleep_mode,
-                self.dev_routes,
-            )  # fmt: skip
-            for i, dev in enumerate(devices)
-        ]
+        self.servers = [VLLMServer(self.base, args, self.workdir / f"server-{i}.log", dev,
+                                   cfg.vllm_sleep_mode, self.dev_routes)  # fmt: skip
+                        for i, dev in enumerate(devices)]  # fmt: skip
         self.router, self.clocks = Router(len(self.servers)), [Clock() for _ in self.servers]
         self.asleep = False
         try:
@@ -223,7 +226,7 @@ class VLLMEngine(Engine):
             "top_p": self.cfg.top_p,
             "seed": seed % (1 << 31),
             "logprobs": 0,  # the sampled token's log-prob only
-            "stop_token_ids": [self.policy.stop_id],
+            "stop_token_ids": list(self.renderer.stop_ids),
             "skip_special_tokens": False,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,

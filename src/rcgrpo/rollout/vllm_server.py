@@ -17,10 +17,11 @@ SageMaker adapter routes, /metrics and the dev routes open). `-P` and a private 
 CPU settings (../shared/stack-notes.md, measured): OMP_NUM_THREADS=1, VLLM_CPU_KVCACHE_SPACE
 small, --enforce-eager, and --no-enable-chunked-prefill (per-request seeds crash with chunked
 prefill on the CPU). VLLM_ALLOW_RUNTIME_LORA_UPDATING=True enables /v1/load_lora_adapter.
-GPU: `devices` pins the server (CUDA_VISIBLE_DEVICES); `sleep_mode` adds --enable-sleep-mode and
-the dev routes /sleep, /wake_up, /is_sleeping (VLLM_SERVER_DEV_MODE=1; vLLM refuses the flag on
-the CPU, where /sleep only pauses the engine and frees no memory); `dev_routes` alone opens
-/reset_prefix_cache for benchmarks (every dev route stays behind the key).
+GPU: `devices` pins the server (its CUDA_VISIBLE_DEVICES: physical ids; one server per training
+rank, issue 20, gets `gpu_of` its cuda:i, so 8 ranks use 8 GPUs, not GPU 0); `sleep_mode` adds
+--enable-sleep-mode and the dev routes /sleep, /wake_up, /is_sleeping (VLLM_SERVER_DEV_MODE=1;
+vLLM refuses the flag on the CPU, where /sleep only pauses the engine and frees no memory);
+`dev_routes` alone opens /reset_prefix_cache for benchmarks (every route stays behind the key).
 
     .venv/bin/python -c "from rcgrpo.rollout.vllm_server import ensure_venv; print(ensure_venv())"
 """
@@ -90,6 +91,17 @@ def parse_metrics(text: str) -> dict[str, float]:
         with contextlib.suppress(ValueError):
             out[name] = out.get(name, 0.0) + float(value)
     return out
+
+
+def gpu_of(device: str | None) -> str | None:
+    """The physical GPU id of torch device "cuda:i" (or "cuda": 0) for a child's
+    CUDA_VISIBLE_DEVICES: entry i of ours when set (e.g. "2,3" and cuda:1 -> "3"), else i;
+    None for a CPU device or none given."""
+    if not device or not str(device).startswith("cuda"):
+        return None
+    index = int(str(device).partition(":")[2] or 0)
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+    return visible[index] if visible else str(index)
 
 
 class VLLMServer:
