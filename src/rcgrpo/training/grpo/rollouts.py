@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.rollout.execution import merge_stats
 from rcgrpo.training.grpo.config import RLConfig, step_seed
 from rcgrpo.training.grpo.core_algos import group_advantages, sample_reward_tokens
 
@@ -53,8 +54,8 @@ class StepRollouts:
     advantages: torch.Tensor  # (n*G,) group advantages
     seconds: float  # wall time of the rollout (this rank's share, then the gather)
     own: int = 0  # rollouts this rank sampled itself (all of them in one process)
-    # this rank's engine's last_stats: prefix-cache hit rate, tokens sent / prefilled, busy
-    # fraction (rcgrpo.rollout.engine); rank 0 logs its own
+    # the engines' last_stats over all ranks: prefix-cache hit rate, tokens sent / prefilled,
+    # busy fraction (rcgrpo.rollout.engine)
     engine_metrics: dict = field(default_factory=dict)
 
 
@@ -98,8 +99,12 @@ def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -
                               step_seed(cfg.seed, step), first_index=start)  # fmt: skip
     scored = [(Sampled.of(r), score_fn(t, r)) for t, r in zip(flat_tasks[start:end], mine,
                                                               strict=True)]  # fmt: skip
-    engine_metrics = dict(getattr(engine, "last_stats", None) or {}) if mine else {}
-    gathered = [x for part in ranks.gather(scored) for x in part]  # rank order = batch order
+    stats = dict(getattr(engine, "last_stats", None) or {}) if mine else {}
+    parts = ranks.gather((scored, stats))
+    gathered = [x for part, _ in parts for x in part]  # rank order = batch order
+    # the whole step's engine metrics: token counts summed over the ranks' engines, the hit
+    # rate over all their prompts (rcgrpo.rollout.execution.merge_stats, as over Ray shards)
+    engine_metrics = merge_stats([st for _, st in parts if st])
     seconds = time.perf_counter() - t0
     rollouts = [r for r, _ in gathered]
     scores = [s for _, s in gathered]
