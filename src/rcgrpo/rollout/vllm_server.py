@@ -118,6 +118,7 @@ class VLLMServer:
         self.port = 0
         self.home: Path | None = None  # private folder: working directory and guard module
         self._conns = threading.local()  # one keep-alive connection per client thread
+        self._opened: list[http.client.HTTPConnection] = []  # all of them, closed by stop()
 
     @property
     def url(self) -> str:
@@ -125,14 +126,8 @@ class VLLMServer:
 
     def command(self, python: Path) -> list[str]:
         cmd = [str(python), "-P", "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
-        cmd += [
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--middleware",
-            f"{GUARD}.BearerGuard",
-        ]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port),
+                "--middleware", f"{GUARD}.BearerGuard"]  # fmt: skip
         if self.sleep_mode and cuda():
             cmd += ["--enable-sleep-mode"]
         if not cuda():
@@ -214,6 +209,7 @@ class VLLMServer:
             fresh = conn is None or conn.port != self.port
             if fresh:
                 conn = self._conns.conn = http.client.HTTPConnection("127.0.0.1", self.port)
+                self._opened.append(conn)
             conn.timeout = timeout
             try:
                 if conn.sock is not None:
@@ -264,6 +260,9 @@ class VLLMServer:
     def stop(self) -> None:
         """SIGTERM to the process group, SIGKILL after 20 s; idempotent."""
         proc, self.proc = self.proc, None
+        for conn in self._opened:  # other threads' keep-alive sockets (no ResourceWarning)
+            conn.close()
+        self._opened.clear()
         if self.home is not None:
             shutil.rmtree(self.home, ignore_errors=True)
         if proc is None:
