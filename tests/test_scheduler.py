@@ -228,3 +228,42 @@ def test_prometheus_text_is_summed_over_label_sets():
         "vllm:prefix_cache_queries_total": 1400.0,
         "vllm:num_requests_running": 3.0,
     }
+
+
+def test_a_ranks_one_server_runs_on_the_ranks_gpu(monkeypatch):
+    """One process per GPU (rcgrpo run --procs): the default one server follows the engine's
+    device through CUDA_VISIBLE_DEVICES; an explicit layout (vllm_devices, several servers,
+    tensor parallelism) is taken as configured."""
+    from types import SimpleNamespace
+
+    from rcgrpo.rollout.vllm_engine import VLLMEngine
+
+    def devices(device, **kw):
+        return VLLMEngine.server_devices(SimpleNamespace(cfg=RolloutConfig(**kw), device=device))
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    monkeypatch.setattr("shutil.which", lambda name: None)  # no nvidia-smi: no visible GPUs
+    assert devices("cuda:1") == ["3"]  # rank 1 of 2 on physical GPU 3, not GPU 0
+    assert devices("cuda") == ["2"]
+    assert devices("cuda:1", vllm_devices=("5",)) == ["5"]  # as configured
+    assert devices("cpu") == [None]
+    assert devices("cuda:0", vllm_servers=2) == [None, None]  # the config's layout (no GPUs)
+
+
+def test_engine_metrics_of_shards_and_ranks_are_merged_by_hand_values():
+    from rcgrpo.rollout.execution import merge_stats
+
+    parts = [
+        {"rollout/prompt_tokens": 1000.0, "rollout/prefill_tokens": 400.0,
+         "perf/engine_busy_frac": 0.5, "perf/in_flight_max": 8.0},
+        {"rollout/prompt_tokens": 3000.0, "rollout/prefill_tokens": 600.0,
+         "perf/engine_busy_frac": 0.9, "perf/in_flight_max": 12.0},
+    ]  # fmt: skip
+    assert merge_stats(parts) == {
+        "rollout/prompt_tokens": 4000.0,
+        "rollout/prefill_tokens": 1000.0,
+        "rollout/prefix_cache_hit_rate": 0.75,  # 1 - 1000 / 4000, not the mean 0.7 of 0.6, 0.8
+        "perf/engine_busy_frac": 0.7,
+        "perf/in_flight_max": 12.0,
+    }
+    assert merge_stats([]) == {}
