@@ -220,7 +220,7 @@ def test_rl_hook_traces_sampled_steps_with_what_was_trained(renderer, mlflow_sto
             out = StepRollouts([get_task(TASK)] * 2, [HIGH, LOW, HIGH, LOW],
                                [Sampled.of(r) for r in whole], [(1, 1), (0, 0)] * 2,
                                torch.tensor([[1.0, 0.0]] * 2), torch.tensor([1.0, -1.0] * 2), 0.25,
-                               4, whole, 0)  # fmt: skip
+                               4, records=whole, first=0)  # fmt: skip
             hook(step, out)
     assert [(t["rl_step"], t["goal"], t["group"]) for t in tracer.written] == [
         ("1", "high", "0"), ("1", "low", "0"), ("3", "high", "0"), ("3", "low", "0"),
