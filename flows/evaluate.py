@@ -4,6 +4,8 @@ run nested under the pipeline's run.
 Writes, beside the evaluation's own report.json / outcomes.jsonl / bfcl_results/, a markdown
 table `table.md` (pooled, category mean and per category with Wilson 95% intervals, both
 checkers, every reward token) and logs all of it to MLflow with the flat `eval/...` metrics.
+Every evaluation episode (params.yaml `traces:`) is also written as an MLflow trace of the run,
+tagged with its task, goal and reward (rcgrpo.tracking.traces); the flow returns their ids.
 
     .venv/bin/python flows/evaluate.py outputs/rl/final '{"limit": 2}'
 """
@@ -69,8 +71,10 @@ def table_markdown(report: dict) -> str:
 
 @task(cache_policy=NO_CACHE)
 def score(
-    cfg, model_cfg, rollout_cfg, model_path: str, run_id: str, prefix: str, execution=None
-) -> dict:
+    cfg, model_cfg, rollout_cfg, model_path: str, run_id: str, prefix: str, execution=None,
+    traces_cfg=None, name: str = "eval",
+) -> tuple[dict, list[dict]]:  # fmt: skip
+    """The evaluation report, and the episode traces written ({"trace_id", **tags} each)."""
     from rcgrpo.evaluation.evaluate import run_eval
 
     to_mlflow = tracking.metrics_logger(run_id)
@@ -80,9 +84,20 @@ def score(
 
     from rcgrpo.rollout.execution import ExecutionConfig, session
 
+    tracer = hook = None
+    if traces_cfg is not None and traces_cfg.enabled and traces_cfg.eval_every:
+        from rcgrpo.tracking import traces
+
+        tracer = traces.EpisodeTracer(run_id, traces_cfg, {"variant": traces.run_variant(run_id)})
+        hook = traces.eval_hook(tracer, name)
     with session(load_section("execution", ExecutionConfig, overrides=execution)) as backend:
         tracking.set_tags(run_id, backend.tags())  # the Ray job this stage's rollouts ran as
-        return run_eval(cfg, model_cfg, model_path, rollout_cfg, log_metrics=log, backend=backend)
+        report = run_eval(cfg, model_cfg, model_path, rollout_cfg, log_metrics=log,
+                          backend=backend, on_rollouts=hook)  # fmt: skip
+    if tracer is None:
+        return report, []
+    tracking.log_metrics(run_id, tracer.metrics(), 0)
+    return report, tracer.written
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
@@ -99,21 +114,26 @@ def evaluate_flow(
     rollout_overrides: dict | None = None,
     name: str = "eval",
     prefix: str = "eval",
+    trace_overrides: dict | None = None,
 ) -> dict:
-    """Evaluate `model_path`; {"run_id", "report" (path), "table" (path), "metrics"}. Metric
-    names start with `prefix` (eval/..., or rl_tasks/before/... for the RL-task evaluations)."""
-    from flows.train import model_config, rollout_config
+    """Evaluate `model_path`; {"run_id", "report" (path), "table" (path), "metrics", "traces"
+    (the episode traces: {"trace_id", **tags} each)}. Metric names start with `prefix`
+    (eval/..., or rl_tasks/before/... for the RL-task evaluations)."""
+    from flows.train import model_config, rollout_config, traces_config
     from rcgrpo.evaluation.evaluate import flat_metrics, resolve_protocol
 
     cfg = resolve_protocol(eval_config(overrides), model_path)
     model_cfg = model_config(model_overrides)
     rollout_cfg = rollout_config(rollout_overrides)
+    traces_cfg = traces_config(trace_overrides)
     config = {"eval": dataclasses.asdict(cfg), "model": dataclasses.asdict(model_cfg),
-              "rollout": dataclasses.asdict(rollout_cfg), "model_path": model_path}  # fmt: skip
+              "rollout": dataclasses.asdict(rollout_cfg), "model_path": model_path,
+              "traces": dataclasses.asdict(traces_cfg)}  # fmt: skip
     with tracking.start_run(name, config=config, parent_run_id=parent_run_id,
                             tags={"stage": "eval"}) as run:  # fmt: skip
         run_id = run.info.run_id
-        report = score(cfg, model_cfg, rollout_cfg, model_path, run_id, prefix)
+        report, traces = score(cfg, model_cfg, rollout_cfg, model_path, run_id, prefix,
+                               traces_cfg=traces_cfg, name=name)  # fmt: skip
         out = Path(cfg.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         report_path = out / "report.json"
@@ -124,7 +144,8 @@ def evaluate_flow(
         metrics = flat_metrics(report, prefix)  # run_eval wrote eval/... to metrics.json too
         log_outputs(run_id, str(out))
     print(table.read_text())
-    return {"run_id": run_id, "report": str(report_path), "table": str(table), "metrics": metrics}
+    return {"run_id": run_id, "report": str(report_path), "table": str(table), "metrics": metrics,
+            "traces": traces}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
       -> evaluate (greedy: the RL tasks before and after RL, then the held-out BFCL tasks;
                    both checkers, Wilson intervals, under the variant's reward goals)
       -> register the RL model in the MLflow Model Registry (data version, config, eval metrics)
-      -> reports/<pipeline run id>/ (PNG plots + summary.md), also logged to MLflow
+      -> reports/<pipeline run id>/ (PNG plots + summary.md with links to the episode traces of
+         one success and one failure per RL task, before and after RL), also logged to MLflow
 
 Stages pass paths and run ids, never tensors. `overrides` holds one dict per params.yaml
 section ({"rl": {"steps": 2}, "eval": {"limit": 1}, "model": {"profile": "tiny"}, ...}).
@@ -44,7 +45,7 @@ def register(rl_run_id: str, name: str, config: dict, metrics: dict) -> str:
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def write_and_log_report(run_id: str, out_dir: str, info: dict, rl_run: str | None,
                          ft_run: str | None, eval_report: str | None, table: str | None,
-                         rl_tasks: dict) -> str:  # fmt: skip
+                         rl_tasks: dict, rl_traces: dict | None = None) -> str:  # fmt: skip
     from rcgrpo.tracking.report import write_report
 
     rl = registry.metric_histories(rl_run) if rl_run else {}
@@ -52,7 +53,7 @@ def write_and_log_report(run_id: str, out_dir: str, info: dict, rl_run: str | No
     report = json.loads(Path(eval_report).read_text()) if eval_report else {}
     text = Path(table).read_text() if table else ""
     before_after = {k: json.loads(Path(p).read_text()) for k, p in rl_tasks.items()}
-    summary = write_report(Path(out_dir), info, rl, sft, report, text, before_after)
+    summary = write_report(Path(out_dir), info, rl, sft, report, text, before_after, rl_traces)
     tracking.log_artifact(run_id, out_dir, "report")
     return str(summary)
 
@@ -94,6 +95,7 @@ def pipeline_flow(
         out["data_version"] = f"{dv['rev'][:12]}:{dv['md5']}"
         model_ov, rollout_ov = ov.get("model"), ov.get("rollout")
         ft = rl = ev = None
+        rl_traces: dict = {}
         if "finetune" in stages:
             ft = train_flow(v.init, pid, ov.get(v.init), model_ov)
             out["finetune"] = {"run_id": ft["run_id"], "model_path": ft["model_path"]}
@@ -101,12 +103,13 @@ def pipeline_flow(
             rl_ov = dict(ov["rl"])
             if ft:
                 rl_ov["init_path"] = ft["model_path"]
-            rl = train_flow("rl", pid, rl_ov, model_ov, rollout_ov)
+            rl = train_flow("rl", pid, rl_ov, model_ov, rollout_ov, ov.get("traces"))
             out["rl"] = {"run_id": rl["run_id"], "model_path": rl["model_path"]}
         last = rl or ft
         if "eval" in stages and last:
-            out["rl_tasks"] = evaluate_rl_tasks(pid, ov, ft, rl)
-            ev = evaluate_flow(last["model_path"], pid, ov.get("eval"), model_ov, rollout_ov)
+            out["rl_tasks"], rl_traces = evaluate_rl_tasks(pid, ov, ft, rl)
+            ev = evaluate_flow(last["model_path"], pid, ov.get("eval"), model_ov, rollout_ov,
+                               trace_overrides=ov.get("traces"))  # fmt: skip
             out["eval"] = {k: ev[k] for k in ("run_id", "report", "table")}
             tracking.log_metrics(pid, ev["metrics"], 0)
         if last:
@@ -119,19 +122,21 @@ def pipeline_flow(
                 "profile": (config.get("model") or {}).get("profile"),
                 "data_version": out["data_version"], "git_commit": run.data.tags.get("git.commit"),
                 "model_version": out.get("model_version"),
-                "mlflow_ui": "rcgrpo ui, then " + registry.run_url(pid)}  # fmt: skip
+                "mlflow_ui": "rcgrpo ui, then " + registry.run_url(pid),
+                "headline_goal": ov["eval"]["tokens"][0]}  # fmt: skip
         out["report"] = write_and_log_report(
             pid, str(report_dir / pid), info, rl and rl["run_id"], ft and ft["run_id"],
-            ev and ev["report"], ev and ev["table"], out.get("rl_tasks") or {},
+            ev and ev["report"], ev and ev["table"], out.get("rl_tasks") or {}, rl_traces,
         )  # fmt: skip
     print(json.dumps(out, indent=1, default=str))
     return out
 
 
-def evaluate_rl_tasks(pid: str, ov: dict, ft: dict | None, rl: dict | None) -> dict:
+def evaluate_rl_tasks(pid: str, ov: dict, ft: dict | None, rl: dict | None) -> tuple[dict, dict]:
     """Greedy success on the tasks RL trained on, before RL (the fine-tuned model) and after:
     what RL itself changed. Logged on the pipeline run as rl_tasks/{before,after}/...; returns
-    {"before" | "after": report.json path}."""
+    ({"before" | "after": report.json path}, {"before" | "after": the episode traces, each
+    {"trace_id", "url", **tags}})."""
     from flows.train import stage_config
 
     rl_cfg = stage_config("rl", ov.get("rl"))
@@ -139,16 +144,17 @@ def evaluate_rl_tasks(pid: str, ov: dict, ft: dict | None, rl: dict | None) -> d
     # the held-out evaluation's settings (goals, temperature, seeds), on the RL tasks instead
     eval_ov = {**ov["eval"], "split": "train", "task_file": rl_cfg.tasks_from,
                "other_protocol": False}  # fmt: skip
-    out = {}
+    out, traces = {}, {}
     for when, model in (("before", before), ("after", rl and rl["model_path"])):
         if not model:
             continue
         ev = evaluate_flow(model, pid, {**eval_ov, "out_dir": f"outputs/eval_rl_tasks/{when}"},
                            ov.get("model"), ov.get("rollout"), name=f"eval_rl_tasks_{when}",
-                           prefix=f"rl_tasks/{when}")  # fmt: skip
+                           prefix=f"rl_tasks/{when}", trace_overrides=ov.get("traces"))  # fmt: skip
         tracking.log_metrics(pid, ev["metrics"], 0)
         out[when] = ev["report"]
-    return out
+        traces[when] = [{**t, "url": registry.trace_url(pid, t["trace_id"])} for t in ev["traces"]]
+    return out, traces
 
 
 def plan_run(overrides=None, stages=None, variant=None, preset=None) -> dict:
@@ -185,13 +191,14 @@ def plan_run(overrides=None, stages=None, variant=None, preset=None) -> dict:
 def check_configs(ov: dict, stages: list[str], init: str) -> None:
     """Build every stage's config from params.yaml + overrides (raises ConfigError on a typo),
     and refuse a data_dir that is not the tracked data folder (VersioningError), in a second."""
-    from flows.train import model_config, rollout_config, stage_config
+    from flows.train import model_config, rollout_config, stage_config, traces_config
     from rcgrpo.config import load_section, section_class
     from rcgrpo.data.dataset import load_config
     from rcgrpo.data.versioning import check_data_dir
 
     model_config(ov.get("model"))
     rollout_config(ov.get("rollout"))
+    traces_config(ov.get("traces"))
     for name in ("env", "execution"):  # read deep inside (tool workers, Ray actors): check now
         load_section(name, section_class(name), overrides=ov.get(name))
     if "data" in stages:

@@ -6,7 +6,8 @@ trains in one task (metrics stream to MLflow at every step through `tracking.met
 a rich progress bar shows steps and the headline metrics), logs
 the saved model folder as the run's `model` artifact (an I/O task, retried) and returns
 {"run_id", "model_path", "config"}. Registration in the Model Registry happens after evaluation
-(flows/pipeline.py) so the version carries the held-out metrics.
+(flows/pipeline.py) so the version carries the held-out metrics. RL writes sampled rollouts as
+MLflow traces of the run as it trains (params.yaml `traces:`, rcgrpo.tracking.traces).
 
 On several GPUs (`rcgrpo run --procs 8`, exported as $RCGRPO_TRAIN_PROCS) the stage's training
 runs as `torchrun --standalone --nproc_per_node 8 flows/train.py --launched SPEC`: one process
@@ -83,6 +84,12 @@ def rollout_config(overrides: dict | None = None):
     return load_section("rollout", RolloutConfig, overrides=overrides)
 
 
+def traces_config(overrides: dict | None = None):
+    from rcgrpo.tracking.traces import TracesConfig
+
+    return load_section("traces", TracesConfig, overrides=overrides)
+
+
 def total_steps(stage: str, cfg) -> int | None:
     """Optimizer steps the stage will take (for the progress bar); None if unknown."""
     if stage == "rl":
@@ -95,14 +102,14 @@ def total_steps(stage: str, cfg) -> int | None:
 
 
 @task(cache_policy=NO_CACHE)
-def fit(stage: str, cfg, model_cfg, rollout_cfg, run_id: str) -> str:
-    """Train with a rich progress bar; every step's metrics go to MLflow. Returns the folder of
-    the final model (save_policy layout)."""
+def fit(stage: str, cfg, model_cfg, rollout_cfg, run_id: str, traces_cfg=None) -> str:
+    """Train with a rich progress bar; every step's metrics go to MLflow (and, for RL, the
+    sampled episodes as traces). Returns the folder of the final model (save_policy layout)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if (procs := train_procs()) > 1:  # one process per GPU: torchrun, rank 0 logs and saves
         tracking.set_tags(run_id, {"train.procs": str(procs)})
-        return launch(stage, cfg, model_cfg, rollout_cfg, run_id, procs)
+        return launch(stage, cfg, model_cfg, rollout_cfg, run_id, procs, traces_cfg)
     to_mlflow = tracking.metrics_logger(run_id)
     shown = ("sft/loss", "reward/mean", "rollout/zero_variance_frac")
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -119,9 +126,13 @@ def fit(stage: str, cfg, model_cfg, rollout_cfg, run_id: str) -> str:
             from rcgrpo.rollout.execution import ExecutionConfig, session
             from rcgrpo.training.grpo.run import run_rl
 
+            tracer, hook = rl_tracer(run_id, cfg, traces_cfg)
             with session(load_section("execution", ExecutionConfig)) as backend:
                 tracking.set_tags(run_id, backend.tags())  # the Ray job of the rollouts
-                final = run_rl(cfg, model_cfg, rollout_cfg, log_metrics=log, backend=backend)
+                final = run_rl(cfg, model_cfg, rollout_cfg, log_metrics=log, backend=backend,
+                               on_rollouts=hook)  # fmt: skip
+            if tracer is not None:
+                tracking.log_metrics(run_id, tracer.metrics(), cfg.steps)
         else:
             from rcgrpo.training.sft import run_sft
 
@@ -129,12 +140,27 @@ def fit(stage: str, cfg, model_cfg, rollout_cfg, run_id: str) -> str:
     return str(final)
 
 
-def launch(stage: str, cfg, model_cfg, rollout_cfg, run_id: str, procs: int) -> str:
+def rl_tracer(run_id: str, cfg, traces_cfg):
+    """(EpisodeTracer, the Trainer's on_rollouts hook) for an RL run, or (None, None) when
+    traces are off. traces_cfg: a TracesConfig, or its fields as a dict (a launch spec)."""
+    from rcgrpo.tracking import traces
+
+    if isinstance(traces_cfg, dict):
+        traces_cfg = traces_config(traces_cfg)
+    if traces_cfg is None or not traces_cfg.enabled or not traces_cfg.rl_every:
+        return None, None
+    tracer = traces.EpisodeTracer(run_id, traces_cfg, {"variant": traces.run_variant(run_id)})
+    return tracer, traces.rl_hook(tracer, cfg.steps, cfg.group_size)
+
+
+def launch(
+    stage: str, cfg, model_cfg, rollout_cfg, run_id: str, procs: int, traces_cfg=None
+) -> str:
     """The stage on `procs` ranks under torchrun (this file, `--launched SPEC`); the saved
     model's folder. A failed rank fails the stage in one line (the ranks' output is above)."""
     spec = Path(cfg.out_dir) / "launch.json"
     spec.parent.mkdir(parents=True, exist_ok=True)
-    configs = {"cfg": cfg, "model": model_cfg, "rollout": rollout_cfg}
+    configs = {"cfg": cfg, "model": model_cfg, "rollout": rollout_cfg, "traces": traces_cfg}
     spec.write_text(
         json.dumps(
             {
@@ -188,10 +214,15 @@ def run_launched(spec_path: str) -> None:
         from rcgrpo.training.grpo.run import run_rl
 
         rollout_cfg = build(RolloutConfig, spec["rollout"], f"{spec_path}:rollout")
+        tracer, hook = (
+            rl_tracer(run_id, cfg, spec.get("traces")) if distributed.is_main() else (None, None)
+        )
         with session(load_section("execution", ExecutionConfig)) as backend:
             if distributed.is_main():
                 tracking.set_tags(run_id, backend.tags())
-            run_rl(cfg, model_cfg, rollout_cfg, log_metrics=log, backend=backend)
+            run_rl(cfg, model_cfg, rollout_cfg, log_metrics=log, backend=backend, on_rollouts=hook)
+        if tracer is not None:
+            tracking.log_metrics(run_id, tracer.metrics(), cfg.steps)
     else:
         from rcgrpo.training.sft import run_sft
 
@@ -214,20 +245,24 @@ def train_flow(
     overrides: dict | None = None,
     model_overrides: dict | None = None,
     rollout_overrides: dict | None = None,
+    trace_overrides: dict | None = None,
 ) -> dict:
-    """Train `stage` (rctp | sft | rl); {"run_id", "model_path", "config"}."""
+    """Train `stage` (rctp | sft | rl); {"run_id", "model_path", "config"}.
+    trace_overrides: params.yaml `traces:` fields for this run (RL episode traces)."""
     if stage not in STAGES:
         raise ValueError(f"stage {stage!r}: expected one of {STAGES}")
     cfg = stage_config(stage, overrides)
     model_cfg = model_config(model_overrides)
     rollout_cfg = rollout_config(rollout_overrides) if stage == "rl" else None
+    traces_cfg = traces_config(trace_overrides) if stage == "rl" else None
     config = {stage: dataclasses.asdict(cfg), "model": dataclasses.asdict(model_cfg)}
     if rollout_cfg is not None:
         config["rollout"] = dataclasses.asdict(rollout_cfg)
+        config["traces"] = dataclasses.asdict(traces_cfg)
     with tracking.start_run(stage, config=config, parent_run_id=parent_run_id,
                             tags={"stage": stage}) as run:  # fmt: skip
         run_id = run.info.run_id
-        model_path = fit(stage, cfg, model_cfg, rollout_cfg, run_id)
+        model_path = fit(stage, cfg, model_cfg, rollout_cfg, run_id, traces_cfg)
         log_model(run_id, model_path)
     print(f"{stage}: model {model_path} (MLflow run {run_id})")
     return {"run_id": run_id, "model_path": model_path, "config": config}

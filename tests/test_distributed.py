@@ -177,6 +177,12 @@ def test_pipeline_stages_on_two_ranks(prefect_server, mlflow_store, tmp_path, mo
     assert [m.step for m in rewards] == [1]
     artifacts = {a.path for a in client.list_artifacts(out["run_id"])}
     assert "model" in artifacts
+    from rcgrpo.tracking.traces import find_traces  # rank 0 traces the groups it sampled
+
+    traced = find_traces(out["run_id"])  # default traces: step 1, first 2 groups; rank 1 has #1
+    assert (
+        sorted((t.info.tags["rl_step"], t.info.tags["group"]) for t in traced) == [("1", "0")] * 2
+    )
 
 
 def test_run_procs_is_checked_before_anything_starts():

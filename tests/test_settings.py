@@ -157,6 +157,13 @@ BAD = {
         "shard_size": ("0", "must be in [1, inf)"),
         "max_retries": ("-1", "must be in [0, inf)"),
     },
+    "traces": {
+        "enabled": ("maybe", "must be true or false"),
+        "rl_every": ("-1", "must be in [0, inf)"),
+        "rl_groups": ("-2", "must be in [0, inf)"),
+        "eval_every": ("-1", "must be in [0, inf)"),
+        "max_chars": ("-5", "must be in [0, inf)"),
+    },
 }
 ROWS = [(s, f, raw, says) for s, fields in BAD.items() for f, (raw, says) in fields.items()]
 

@@ -139,6 +139,7 @@ SECTIONS = {
     "dataset": "rcgrpo.data.dataset:DatasetConfig",
     "env": "rcgrpo.bfcl.sandbox:EnvConfig",
     "execution": "rcgrpo.rollout.execution:ExecutionConfig",
+    "traces": "rcgrpo.tracking.traces:TracesConfig",
 }
 
 

@@ -114,9 +114,30 @@ def run(
         f"  report           {out['report']}",
         f"  MLflow store     {tracking.tracking_uri()}",
         f"  MLflow UI        {registry.run_url(out['run_id'])}   (start it: rcgrpo ui)",
+        f"  episode traces   {_traces_url(out)}",
         f"  Prefect          {api}",
     ]
     typer.echo("\n".join(lines))
+
+
+def _experiment_link(host: str) -> str:
+    """The rcgrpo experiment in the UI's model-training view (MLflow 3.17 opens the GenAI view
+    without `?workflowType=`: rcgrpo.tracking.registry); the bare host before the first run."""
+    from mlflow.tracking import MlflowClient
+
+    from rcgrpo.tracking import registry
+    from rcgrpo.tracking import runs as tracking
+
+    exp = MlflowClient(tracking.tracking_uri()).get_experiment_by_name(tracking.EXPERIMENT)
+    return registry.experiment_url(exp.experiment_id, host) if exp else host
+
+
+def _traces_url(out: dict) -> str:
+    """The MLflow trace view of the RL run's sampled episodes (each evaluation run has its own)."""
+    from rcgrpo.tracking import registry
+
+    run = (out.get("rl") or {}).get("run_id")
+    return registry.run_url(run, page="traces") if run else "-"
 
 
 def _export_procs(procs: int) -> None:
@@ -209,7 +230,7 @@ def ui(
         started.append(servers.start_prefect(prefect_port))
         servers.wait_ready(started, timeout)
         auth_file = servers.prefect_home() / servers.AUTH_FILE
-        typer.echo(f"MLflow UI   {started[0].url}   (runs, metrics, artifacts, Model Registry)")
+        typer.echo(f"MLflow UI   {_experiment_link(started[0].url)}   (runs, metrics, traces)")
         typer.echo(f"Prefect UI  {started[1].url}   (flow runs, deployments, schedules; "
                    f"its login asks for the password in {auth_file})")  # fmt: skip
         typer.echo(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -226,6 +227,7 @@ def evaluate(
     log_metrics: LogMetrics | None = None,
     step: int = 0,
     tasks: list[Task] | None = None,
+    on_rollouts: Callable[[dict, list], None] | None = None,
 ) -> dict:
     """Roll out every task once per (token, seed) through `engine`, score, summarise, write.
 
@@ -233,6 +235,8 @@ def evaluate(
     (rcgrpo.rollout.engine; its temperature is the engine's). cfg.protocol must be resolved (not
     "trained": see resolve_protocol). With other_protocol, tokens[0] is also rolled out in the
     other protocol, summarised in report["other_protocols"][protocol].
+    on_rollouts(info, rollouts): called after each pass with its rollouts and info = {"seed",
+    "protocol", "token", "start_ns"} (the pipeline writes episode traces with it).
     Writes <out_dir>/report.json, outcomes.jsonl and bfcl_results/; returns the report.
     """
     if cfg.protocol not in PROTOCOLS:
@@ -244,7 +248,10 @@ def evaluate(
     outcomes: list[Outcome] = []
     for seed in cfg.seeds:
         for protocol, token in plan:
+            info = {"seed": seed, "protocol": protocol, "token": token, "start_ns": time.time_ns()}
             rollouts = engine.rollout(tasks, [TOKENS[token]] * len(tasks), protocol, seed)
+            if on_rollouts is not None:
+                on_rollouts(info, rollouts)
             for task, r in zip(tasks, rollouts, strict=True):
                 outcomes.append(outcome_of(task, r, protocol, token, seed))
     report = summarise_outcomes([o for o in outcomes if o.protocol == cfg.protocol], cfg.protocol)
@@ -267,9 +274,8 @@ def evaluate(
     return report
 
 
-def run_eval(
-    cfg: EvalConfig, model_cfg, model_path, rollout_cfg=None, log_metrics=None, backend=None
-) -> dict:
+def run_eval(cfg: EvalConfig, model_cfg, model_path, rollout_cfg=None, log_metrics=None,
+             backend=None, on_rollouts=None) -> dict:  # fmt: skip
     """Load a saved policy and evaluate it with the rollout engine (rcgrpo.rollout.engine), at
     cfg.temperature (greedy by default) whatever the rollout section's sampling temperature.
     backend: an rcgrpo.rollout.execution Backend (local or Ray workers; None = one local engine)."""
@@ -291,4 +297,4 @@ def run_eval(
 
         spec = RolloutSpec(model_cfg, str(model_path) if model_path else None, rollout_cfg)
         engine = backend.engine(policy, spec)
-    return evaluate(engine, cfg, log_metrics, tasks=tasks)
+    return evaluate(engine, cfg, log_metrics, tasks=tasks, on_rollouts=on_rollouts)

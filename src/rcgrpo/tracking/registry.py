@@ -64,7 +64,29 @@ def metric_histories(run_id: str) -> dict[str, list[tuple[int, float]]]:
     }
 
 
-def run_url(run_id: str, host: str = "http://127.0.0.1:5000") -> str:
-    """Where the MLflow UI (`rcgrpo ui`) shows the run."""
+# MLflow 3.17's UI opens an experiment in its GenAI view (traces overview, "Evaluation runs")
+# unless the URL asks for the model-training view: the sidebar switch "GenAI | Model training"
+# is read from `?workflowType=` (then the browser's localStorage), not from the experiment's
+# `mlflow.experimentKind` tag (a feature flag of the 3.17 UI bundle ignores it; checked in
+# headless Chromium, scripts/ui_check.py). Every link rcgrpo prints therefore carries it.
+UI = "http://127.0.0.1:5000"
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def experiment_url(experiment_id: str, host: str = UI) -> str:
+    """The experiment's runs table in the model-training view."""
+    return f"{host}/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
+
+
+def run_url(run_id: str, host: str = UI, page: str = "") -> str:
+    """Where the MLflow UI (`rcgrpo ui`) shows the run, in the model-training view; page:
+    "" (overview), "model-metrics" (its charts), "traces" (its episode traces)."""
     run = MlflowClient().get_run(run_id)
-    return f"{host}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+    tail = f"/{page}" if page else ""
+    return f"{host}/#/experiments/{run.info.experiment_id}/runs/{run_id}{tail}?{TRAINING_VIEW}"
+
+
+def trace_url(run_id: str, trace_id: str, host: str = UI) -> str:
+    """One trace opened in the experiment's trace view (run_id: any run of the experiment)."""
+    eid = MlflowClient().get_run(run_id).info.experiment_id
+    return f"{host}/#/experiments/{eid}/traces?{TRAINING_VIEW}&selectedEvaluationId={trace_id}"

@@ -10,8 +10,9 @@ the run's ids/versions, and writes into `reports/<run>/`:
     sft_loss.png        sft/loss per optimizer step of the fine-tuning stage
     accuracy.png        per-category and pooled accuracy with Wilson 95% intervals, per token
     summary.md          versions; success on the RL tasks before and after RL (what RL changed)
-                        with the controllability gap; the RL curves in numbers; held-out
-                        accuracy beside the paper's Table 1; links to the plots
+                        with the controllability gap; per RL task, the MLflow traces of one
+                        successful and one failed episode before and after RL; the RL curves
+                        in numbers; held-out accuracy beside the paper's Table 1; the plots
 
 No mlflow or prefect here (flows/pipeline.py logs the folder to MLflow). matplotlib is imported
 inside the plotting function with the Agg backend (no display on servers).
@@ -111,9 +112,48 @@ def rl_tasks_markdown(rl_tasks: dict, rl: dict) -> list[str]:
     return lines
 
 
+def example_traces(traces: list[dict], headline: str) -> dict[str, dict[str, dict]]:
+    """{task_id: {"success" | "failure": trace}}: per task the first successful and the first
+    failed episode (traces: {"trace_id", "task_id", "goal", "outcome", ...} in written order),
+    preferring episodes under the `headline` reward goal."""
+    ranked = sorted(traces, key=lambda t: t.get("goal") != headline)  # stable: headline first
+    out: dict[str, dict[str, dict]] = {}
+    for t in ranked:
+        out.setdefault(t["task_id"], {}).setdefault(t["outcome"], t)
+    return out
+
+
+def traces_markdown(rl_traces: dict, headline: str) -> list[str]:
+    """The table of example traces per RL task, before and after RL (rl_traces: {"before" |
+    "after": traces with a "url"})."""
+    if not any(rl_traces.values()):
+        return []
+    picks = {w: example_traces(rl_traces.get(w) or [], headline) for w in ("before", "after")}
+    tasks = sorted({task for p in picks.values() for task in p})
+
+    def cell(when: str, task: str, outcome: str) -> str:
+        t = picks[when].get(task, {}).get(outcome)
+        if not t:
+            return "-"
+        goal = "" if t.get("goal") == headline else f" ({t.get('goal')})"
+        return f"[{t['trace_id'][:11]}]({t.get('url', '')}){goal}"
+
+    lines = ["## Episodes of the RL tasks as MLflow traces", "",
+             "One successful and one failed episode per task, before and after RL (greedy, "
+             f"reward goal `{headline}` unless named; `-`: none). Open them with `rcgrpo ui`; "
+             "search them with `mlflow.search_traces(filter_string=\"tags.task_id = '<task>' "
+             "AND tags.outcome = 'failure'\")`.", "",
+             "| task | before RL: success | before RL: failure | after RL: success | "
+             "after RL: failure |", "|---|---|---|---|---|"]  # fmt: skip
+    for task in tasks:
+        cells = [cell(w, task, o) for w in ("before", "after") for o in ("success", "failure")]
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def summary_markdown(
     info: dict, report: dict, plots: list[Path], table: str = "", rl_tasks: dict | None = None,
-    rl: dict | None = None,
+    rl: dict | None = None, rl_traces: dict | None = None,
 ) -> str:  # fmt: skip
     lines = [f"# rcgrpo pipeline run {info.get('run_id', '')}", ""]
     for key in ("variant", "profile", "data_version", "git_commit", "model_version",
@@ -122,6 +162,7 @@ def summary_markdown(
             lines.append(f"- **{key.replace('_', ' ')}**: {info[key]}")
     lines.append("")
     lines += rl_tasks_markdown(rl_tasks or {}, rl or {})
+    lines += traces_markdown(rl_traces or {}, info.get("headline_goal") or "high")
     runs = report.get("runs") or {}
     if runs:
         lines += ["## Held-out accuracy (first seed, %, Wilson 95%)", "",
@@ -163,9 +204,11 @@ def write_report(
     eval_report: dict | None = None,
     table: str = "",
     rl_tasks: dict | None = None,
+    rl_traces: dict | None = None,
 ) -> Path:
     """Write plots and summary.md into `out_dir`; returns summary.md's path. rl_tasks: the
-    evaluation reports on the RL tasks, {"before": report, "after": report}."""
+    evaluation reports on the RL tasks, {"before": report, "after": report}; rl_traces: their
+    episode traces, {"before" | "after": [{"trace_id", "url", "task_id", "goal", "outcome"}]}."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rl, sft, report = rl_history or {}, sft_history or {}, eval_report or {}
@@ -189,6 +232,6 @@ def write_report(
     ]
     plots = [p for p in plots if p is not None]
     summary = out / "summary.md"
-    summary.write_text(summary_markdown(info, report, plots, table, rl_tasks, rl))
+    summary.write_text(summary_markdown(info, report, plots, table, rl_tasks, rl, rl_traces))
     (out / "info.json").write_text(json.dumps(info, indent=1, default=str))
     return summary

@@ -43,6 +43,9 @@ from mlflow.tracking import MlflowClient
 from rcgrpo.runtime import apply_defaults, project_root
 
 EXPERIMENT = "rcgrpo"
+# MLflow 3's experiment kind: a model-training experiment, not a GenAI app (see registry.py
+# for what the 3.17 UI makes of it)
+KIND = {"mlflow.experimentKind": "custom_model_development"}
 LogMetrics = Callable[[dict, int], None]
 
 
@@ -84,9 +87,13 @@ def configure(root: Path | None = None, experiment: str = EXPERIMENT) -> str:
     exp = client.get_experiment_by_name(experiment)
     if exp is not None:
         exp_id = exp.experiment_id
+        for key, value in KIND.items():  # a store made before the tag existed
+            if exp.tags.get(key) is None:
+                client.set_experiment_tag(exp_id, key, value)
     else:
         location = artifact_root(root) / experiment
-        exp_id = client.create_experiment(experiment, artifact_location=location.as_uri())
+        exp_id = client.create_experiment(experiment, artifact_location=location.as_uri(),
+                                          tags=KIND)  # fmt: skip
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
 

@@ -57,6 +57,8 @@ class StepRollouts:
     # the engines' last_stats over all ranks: prefix-cache hit rate, tokens sent / prefilled,
     # busy fraction (rcgrpo.rollout.engine)
     engine_metrics: dict = field(default_factory=dict)
+    records: list = field(default_factory=list)  # (own,) those rollouts whole (agent-loop records)
+    first: int = 0  # batch index of records[0] (0 in one process)
 
 
 def draw(tasks: list, cfg: RLConfig, step: int) -> tuple[list, list]:
@@ -111,6 +113,5 @@ def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -
     col = 0 if cfg.reward == "paper" else 1
     rewards = torch.tensor([s[col] for s in scores], dtype=torch.float32).view(-1, G)
     adv = group_advantages(rewards, cfg.advantage).flatten()  # (B,)
-    return StepRollouts(
-        tasks, tokens, rollouts, scores, rewards, adv, seconds, len(mine), engine_metrics
-    )
+    return StepRollouts(tasks, tokens, rollouts, scores, rewards, adv, seconds, len(mine),
+                        engine_metrics, records=mine, first=start)  # fmt: skip

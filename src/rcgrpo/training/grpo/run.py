@@ -46,8 +46,10 @@ def run_rl(
     log_artifact: Callable[[Path], None] | None = None,
     resume: bool = False,
     backend=None,
+    on_rollouts=None,
 ) -> Path:
-    """Load the initial policy (cfg.start_path), train on the RL tasks, save <out_dir>/final."""
+    """Load the initial policy (cfg.start_path), train on the RL tasks, save <out_dir>/final.
+    on_rollouts: the Trainer's per-step rollout callback (episode traces), or None."""
     from rcgrpo.models.loading import load_policy, save_policy
     from rcgrpo.rollout.engine import RolloutConfig
     from rcgrpo.rollout.execution import make_engine
@@ -87,7 +89,8 @@ def run_rl(
 
         spec = RolloutSpec(model_cfg, str(start), rollout_cfg)
         engine = backend.engine(policy, spec, group=cfg.group_size, local_engine=engine)
-    trainer = Trainer(policy, engine, tasks, cfg, log_metrics, temperature=rollout_cfg.temperature)
+    trainer = Trainer(policy, engine, tasks, cfg, log_metrics, temperature=rollout_cfg.temperature,
+                      on_rollouts=on_rollouts)  # fmt: skip
     trainer.out.mkdir(parents=True, exist_ok=True)
     (trainer.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
     (trainer.out / "tasks.json").write_text(json.dumps([t.id for t in tasks], indent=1))

@@ -58,6 +58,9 @@ class Trainer:
     (B, T, V): rcgrpo.training.forward.masked_logits; bench/memory.py measures the difference.
     temperature: the engine's sampling temperature (rollout.temperature); training log-probs
     use logits / temperature, the distribution the rollouts were drawn from.
+    on_rollouts(step, StepRollouts): called on the main process right after a step's rollouts
+    are sampled and scored, with exactly what the update trains on (the pipeline writes
+    episode traces with it: rcgrpo.tracking.traces.rl_hook).
     """
 
     def __init__(
@@ -70,7 +73,9 @@ class Trainer:
         score_fn=None,
         ref_model=None,
         temperature: float = 1.0,
+        on_rollouts: Callable[[int, rollouts.StepRollouts], None] | None = None,
     ):
+        self.on_rollouts = on_rollouts
         self.policy, self.engine, self.tasks, self.cfg = policy, engine, list(tasks), cfg
         self.model = policy.model
         self.log_metrics = log_metrics
@@ -142,6 +147,9 @@ class Trainer:
         cfg, t0 = self.cfg, time.perf_counter()
         tasks, tokens = self.draw(step)
         out = rollouts.roll_out(self.engine, self.ranks, tasks, tokens, cfg, step, self.score_fn)
+        if self.on_rollouts is not None and distributed.is_main():
+            self.on_rollouts(step, out)
+        out.records = []  # the whole rollouts (token lists, messages) not kept through the update
         batch = update.to_batch(out.rollouts, self.pad_id)
         # PPO schedule; the shuffle has a generator of its own (seeded by the step, not by
         # draw's stream) so that a resumed run visits the rollouts in the same order.
