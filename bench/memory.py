@@ -15,11 +15,27 @@ How: each (path, length) runs in its own subprocess: load the policy, reset the 
 the baseline, so it counts). A child gets an address-space limit of the free memory minus 2 GB
 (RLIMIT_AS, set after the load, as growth beyond the loaded size): on a box too small for the old path at 8k it fails with "out of memory" instead of
 starving the other processes, and the table shows the limit as a lower bound (">") of its peak.
-Last line: the ratio new/old at 8k (target <= 0.25). Then an estimate, with its arithmetic, for
-Qwen2.5-7B + LoRA at the paper's batch on one 141 GB GPU.
+Last line: the ratio new/old at 8k (target <= 0.25). Then the same arithmetic as `rcgrpo plan`
+(rcgrpo.training.plan.memory) for Qwen2.5-7B + LoRA at a micro-batch of 8 x 8k tokens.
+
+--mix (issue 20.5): one RL update (pi_old + reference log-probs, then forward + backward of the
+PPO/KL loss and the optimizer step, through rcgrpo.training.grpo.update) of 8 qwen-shape rollouts
+of a length mix like the four categories: each category's median and p95 episode length of the
+7B profiles (the 800 ground truths replayed), divided by --scale to fit the 24 GB box, 3.3 % of
+each sampled. Two paths in one run, each in its own process:
+  budget  token-budget micro-batches: sorted by length and packed up to --max-tokens computed
+          tokens (default: the longest rollout, which runs alone anyway), trimmed to their
+          longest member, no attention mask (SDPA's causal kernels)
+  padded  today's path: one micro-batch of the 8 (micro_batch_size 8) padded to the longest,
+          with its attention mask (a dense (8, 1, T, T) mask under SDPA) and the default KV
+          cache of an eval-mode forward
+Both must give the same loss (1e-4). It also prints what rcgrpo.training.plan.memory (the
+formula of `rcgrpo plan`) predicts for the budget path's peak and measured / predicted.
+Last line: the ratio token-budget / padded peak memory (target <= 0.5).
 
     .venv/bin/python bench/memory.py                          # 2048,4096,8192 (~2-4 min, ~20 GB)
     .venv/bin/python bench/memory.py --lengths 1024,2048      # a quick look
+    .venv/bin/python bench/memory.py --mix                    # the length mix (~2-4 min, ~12 GB)
 """
 
 from __future__ import annotations
@@ -115,13 +131,14 @@ def child(path: str, T: int, frac: float) -> dict:
             "entropy": stats["entropy"], "gap": float(gap), "sampled": int(mask.sum())}  # fmt: skip
 
 
-def measure(path: str, T: int, frac: float, threads: int) -> dict:
+def measure(path: str, T: int, frac: float, threads: int, child_args=None) -> dict:
     avail = status_available()
     limit = max(avail - 2 * GB, GB)
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "OMP_NUM_THREADS": str(threads),
            "RCGRPO_BENCH_LIMIT": str(int(limit))}  # fmt: skip
+    child_args = child_args or ["--child", path, str(T)]
     run = subprocess.run(
-        [sys.executable, __file__, "--child", path, str(T), str(frac)],
+        [sys.executable, __file__, *child_args, "--mask-frac", str(frac)],
         capture_output=True, text=True, env=env, cwd=ROOT,
     )  # fmt: skip
     lines = [ln for ln in run.stdout.splitlines() if ln.startswith("{")]
@@ -141,54 +158,182 @@ def status_available() -> float:
 
 
 def estimate(frac: float) -> None:
-    """Qwen2.5-7B-Instruct + LoRA r=16 (all 7 projections), bf16, one 141 GB GPU."""
-    d, inter, kv, layers, params = 3584, 18944, 512, 28, 7.62e9
-    T, micro = 8192, 8  # sequence, rollouts per forward (paper batch: 256 tasks x G=5 = 1280
-    # rollouts, mini-batch 64 tasks = 320 rollouts = 40 micro-batches of 8 per optimizer step;
-    # gradient accumulation, so only the micro-batch sets the activation peak)
-    tokens, n = micro * T, int(micro * T * frac)
-    lora = layers * 16 * (2 * (d + d) + 2 * (d + kv) + 3 * (d + inter))  # r * (in + out)
-    w = params * 2
-    opt = lora * 4 * 4  # fp32 weights, grads, Adam m and v
-    ref = lora * 4  # the frozen reference adapter (fp32)
-    ckpt = layers * tokens * d * 2  # checkpointing keeps each layer's bf16 input
-    layer = tokens * (4 * d + 2 * kv + 3 * inter) * 2  # one layer recomputed: q,k,v,o,attn
-    # out, gate/up/act (SDPA/flash attention: no T x T matrix)
-    per_logits = 4 * V * 4  # 4 fp32 (., V) copies per position: what the qwen-shape run measures
-    rows = [
-        ("weights bf16 (7.62e9 x 2 B)", w, w),
-        (f"LoRA {lora / 1e6:.1f}M params x 16 B (fp32 w, grad, Adam m, v)", opt, opt),
-        ("reference: frozen adapter (new) / deepcopy of the model (old)", ref, w + ref),
-        (f"activations, checkpointed: {layers} x {tokens} tok x {d} x 2 B", ckpt, ckpt),
-        (f"one layer recomputed in backward: {tokens} tok x {4 * d + 2 * kv + 3 * inter} x 2 B",
-         layer, layer),
-        (f"logits: {n} masked / {tokens} positions x {V} x 4 B x 4 copies",
-         n * per_logits, tokens * per_logits),
-    ]  # fmt: skip
-    print(f"\nEstimate: Qwen2.5-7B + LoRA, micro-batch {micro} x {T} tokens, {frac:.0%} sampled")
-    print(f"  {'term':<72} {'new GB':>8} {'old GB':>8}")
-    for name, new, old in rows:
-        print(f"  {name:<72} {new / GB:8.1f} {old / GB:8.1f}")
-    new, old = sum(r[1] for r in rows), sum(r[2] for r in rows)
-    print(f"  {'total (one 141 GB H200)':<72} {new / GB:8.1f} {old / GB:8.1f}")
-    nockpt = layers * layer
-    print(f"  without checkpointing the activations alone: {layers} x {layer / GB:.1f} = "
-          f"{nockpt / GB:.0f} GB")  # fmt: skip
+    """Qwen2.5-7B-Instruct + LoRA r=16 (all 7 projections), bf16, gradient checkpointing, one
+    micro-batch of 8 x 8k tokens: the terms `rcgrpo plan` prints (rcgrpo.training.plan.memory)."""
+    from rcgrpo.models.profiles import LORA_TARGETS
+    from rcgrpo.training.plan.constants import architecture
+    from rcgrpo.training.plan.memory import static_terms, update_terms
+
+    arch, tokens = architecture("qwen2.5-7b-instruct"), 8 * 8192
+    lora = arch.lora_params(16, LORA_TARGETS["qwen2"])
+    terms = static_terms(arch, 2, lora, 1, True) + update_terms(arch, tokens, int(frac * tokens),
+                                                                2, True)  # fmt: skip
+    print(f"\nEstimate (rcgrpo.training.plan.memory): Qwen2.5-7B + LoRA, 8 x 8,192 tokens, "
+          f"{frac:.0%} sampled")  # fmt: skip
+    for t in terms:
+        print(f"  {t.name:<52} {t.bytes / GB:8.1f} GB   {t.formula}")
+    print(
+        f"  {'total':<52} {sum(t.bytes for t in terms) / GB:8.1f} GB   (rcgrpo plan adds the "
+        "context, the allocator slack and vLLM)"
+    )
+
+
+# --- the length mix (issue 20.5) ------------------------------------------------------------
+# 7B-profile episode tokens per category, (median, p95): the 800 ground truths replayed with
+# the qwen-shape tokenizer, combined protocol (src/rcgrpo/training/plan/episodes.json)
+MIX = {"base": (6144, 8029), "miss_func": (6144, 8029), "miss_param": (6150, 8038),
+       "long_context": (9174, 42753)}  # fmt: skip
+
+
+def mix_lengths(scale: float) -> list[int]:
+    return [max(64, int(t / scale)) for pair in MIX.values() for t in pair]
+
+
+def rollout(T: int, frac: float, seed: int):
+    """A synthetic rollout of T tokens: random ids, 64-token sampled turns spaced so that
+    ~frac of the positions are sampled, the first 256 tokens a prompt."""
+    from types import SimpleNamespace
+
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 151_643, (T,), generator=g).tolist()
+    mask, period = [0] * T, max(65, int(64 / frac))
+    for start in range(min(256, T - 65), T - 64, period):
+        mask[start : start + 64] = [1] * 64
+    return SimpleNamespace(ids=ids, loss_mask=mask, logprobs=[0.0] * T)
+
+
+def old_padded_logprobs(model, ids, attn, mask):
+    """Today's update.logprobs: the decoder with the attention mask (dense under SDPA) and the
+    default cache, then the head at the sampled positions (temperature 1)."""
+    from rcgrpo.training.forward import scatter
+    from rcgrpo.training.grpo.core_algos import token_logprobs
+
+    where = mask.bool()
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
+    logits = model.get_output_embeddings()(hidden[:, :-1][where]).float()
+    return scatter(token_logprobs(logits, ids[:, 1:][where]), where), logits, where
+
+
+def mix_child(path: str, lengths: list[int], frac: float, budget: int) -> dict:
+    import torch
+
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.models.lora import using_adapter
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.training.batching import computed_tokens
+    from rcgrpo.training.grpo import update
+    from rcgrpo.training.grpo.core_algos import minibatch_indices
+    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+
+    torch.manual_seed(0)
+    policy = load_policy(ModelConfig(profile="qwen-shape"))
+    model = policy.model.eval()
+    batch = update.to_batch([rollout(T, frac, i) for i, T in enumerate(lengths)])
+    adv = torch.tensor([1.0, -1.0] * (len(lengths) // 2))
+    cfg = RLConfig(tasks_per_step=len(lengths) // 2, group_size=2, micro_batch_size=len(lengths),
+                   max_tokens_per_micro_batch=budget if path == "budget" else 0)  # fmt: skip
+    passes = minibatch_indices(len(lengths), 0, len(lengths), 1, None, lengths,
+                               cfg.max_tokens_per_micro_batch)  # fmt: skip
+    grow = int(os.environ["RCGRPO_BENCH_LIMIT"])
+    size = status_kb("VmSize") * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (size + grow, size + grow))
+    Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
+    base = status_kb("VmRSS")
+    trainer = Trainer(policy, None, [], cfg, temperature=1.0)  # + reference adapter, AdamW
+    if path == "budget":
+        logprob_fn, ref_fn = trainer._logprobs, trainer._ref_logprobs
+    else:
+        logprob_fn = old_padded_logprobs
+
+        def ref_fn(ids, attn, mask):
+            with using_adapter(model, trainer.ref_adapter):
+                return old_padded_logprobs(model, ids, attn, mask)[0]
+
+    first = [c for mini in passes[0] for c in mini]
+    old, ref, _ = update.behaviour_logprobs(model, batch, first, logprob_fn, 1.0, ref_fn)
+    ups = update.ppo_updates(model, trainer.optimizer, trainer.ranks, batch, old, ref, adv,
+                             passes, cfg, logprob_fn)  # fmt: skip
+    micro = [[computed_tokens(lengths, c.tolist()), int(batch.mask[c].sum())] for c in first]
+    return {"peak_gb": (status_kb("VmHWM") - base) * 1024 / GB, "loss": ups[0]["total"],
+            "micro": micro}  # fmt: skip
+
+
+def predicted(micro: list[list[int]]) -> tuple[float, str]:
+    """What rcgrpo.training.plan.memory predicts for one update over these micro-batches
+    ([computed tokens, sampled] each) on qwen-shape in fp32: the trainable state and the
+    reference (static_terms without the weights, loaded before the baseline) plus the largest
+    micro-batch's activations and logits (update_terms)."""
+    from rcgrpo.models.profiles import LORA_TARGETS
+    from rcgrpo.training.plan.constants import architecture
+    from rcgrpo.training.plan.memory import static_terms, update_terms
+
+    arch = architecture("qwen-shape")
+    lora = arch.lora_params(16, LORA_TARGETS["qwen2"])
+    static = sum(t.bytes for t in static_terms(arch, 4, lora, 1, True)[1:])
+    peak = max(micro, key=lambda m: sum(t.bytes for t in update_terms(arch, m[0], m[1], 4, False)))
+    terms = update_terms(arch, peak[0], peak[1], 4, False)
+    text = ", ".join(f"{t.name.split(',')[0].split(' (')[0]} {t.bytes / GB:.2f}" for t in terms)
+    return (static + sum(t.bytes for t in terms)) / GB, f"static {static / GB:.3f} + {text}"
+
+
+def run_mix(args) -> None:
+    lengths = mix_lengths(args.scale)
+    budget = args.max_tokens or max(lengths)
+    print(f"qwen-shape, 8 rollouts of {lengths} tokens (the four categories' median and p95 / "
+          f"{args.scale:g}), {args.mask_frac:.1%} sampled, token budget {budget:,}; threads "
+          f"{args.threads}; load {os.getloadavg()}; MemAvailable {status_available() / GB:.1f} GB")  # fmt: skip
+    res = {}
+    for path in ("budget", "padded"):
+        res[path] = measure(path, 0, args.mask_frac, args.threads,
+                            ["--mix-child", path, ",".join(map(str, lengths)), str(budget)])  # fmt: skip
+        if "oom_gb" in res[path]:
+            raise RuntimeError(f"the {path} path ran out of memory: {res[path]['error']}")
+        micro = res[path]["micro"]
+        computed = sum(m[0] for m in micro)
+        print(f"  {path:<7} peak {res[path]['peak_gb']:6.2f} GB   {len(micro)} micro-batch(es), "
+              f"computed tokens {[m[0] for m in micro]}, pad_frac {1 - sum(lengths) / computed:.3f}")  # fmt: skip
+    assert abs(res["budget"]["loss"] - res["padded"]["loss"]) < 1e-4, res  # the same update
+    pred, how = predicted(res["budget"]["micro"])
+    print(f"  plan formula (rcgrpo.training.plan.memory) for the budget path: {pred:.2f} GB "
+          f"({how}); measured / predicted: {res['budget']['peak_gb'] / pred:.2f}")  # fmt: skip
+    print(f"load after: {os.getloadavg()}")
+    ratio = res["budget"]["peak_gb"] / res["padded"]["peak_gb"]
+    print(f"token-budget/padded peak memory: {ratio:.3f} (target <= 0.5)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="2048,4096,8192", help="sequence lengths, tokens")
-    ap.add_argument("--mask-frac", type=float, default=0.1, help="share of sampled positions")
+    ap.add_argument(
+        "--mask-frac",
+        type=float,
+        default=None,
+        help="share of sampled positions (default 0.1; --mix: 0.033)",
+    )
     ap.add_argument("--threads", type=int, default=2, help="torch threads per child")
-    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--mix", action="store_true", help="the length mix: budget vs padded")
+    ap.add_argument("--scale", type=float, default=4.0, help="--mix: divide the 7B lengths by")
+    ap.add_argument("--max-tokens", type=int, default=0, help="--mix: budget (0 = the longest)")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--mix-child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.child:
+    if args.child or args.mix_child:
         import torch
 
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
-        print(json.dumps(child(args.child[0], int(args.child[1]), float(args.child[2]))))
+        if args.child:
+            print(json.dumps(child(args.child[0], int(args.child[1]), args.mask_frac)))
+        else:
+            path, lengths, budget = args.mix_child
+            lengths = [int(x) for x in lengths.split(",")]
+            print(json.dumps(mix_child(path, lengths, args.mask_frac, int(budget))))
         return
+    if args.mask_frac is None:  # the mix: the measured p95 share of the replayed ground truths
+        args.mask_frac = 0.033 if args.mix else 0.1
+    if args.mix:
+        return run_mix(args)
     lengths = [int(x) for x in args.lengths.split(",")]
     print(f"qwen-shape, 1 sequence, {args.mask_frac:.0%} sampled; threads {args.threads}; "
           f"load {os.getloadavg()}; MemAvailable {status_available() / GB:.1f} GB")  # fmt: skip

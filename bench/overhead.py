@@ -114,10 +114,16 @@ def instrument(prof: Profiler) -> None:
 def worker(sets: list[str]) -> dict:
     """Inside the project copy: run the pipeline in-process, return the seconds per category."""
     start = time.perf_counter()
-    from rcgrpo.cli.pipeline import _enter_project, _overrides, _use_running_prefect
+    import contextlib
+
+    from rcgrpo.cli.pipeline import _enter_project, _overrides
+    from rcgrpo.servers import prefect_for_flows
 
     _enter_project()
-    _use_running_prefect()
+    stack = contextlib.ExitStack()  # `rcgrpo ui`'s server, else the command's own (as `rcgrpo run`)
+    t = time.perf_counter()
+    prefect_api = prefect_for_flows(stack)
+    server_start = time.perf_counter() - t
     overrides = _overrides(sets)
     t = time.perf_counter()
     import prefect  # noqa: F401
@@ -138,9 +144,10 @@ def worker(sets: list[str]) -> dict:
     cats = dict(prof.totals)
     cats["mlflow"] = cats.get("mlflow", 0.0) + mlflow_import
     inside = sum(v for k, v in prof.totals.items())
-    cats["prefect"] = max(0.0, flow_s - inside) + prefect_import
+    cats["prefect"] = max(0.0, flow_s - inside) + prefect_import + server_start
+    stack.close()
     return {"total_s": total, "flow_s": flow_s, "seconds": cats, "run_id": out["run_id"],
-            "prefect_api": os.environ.get("PREFECT_API_URL", "ephemeral")}  # fmt: skip
+            "prefect_api": prefect_api}  # fmt: skip
 
 
 def copy_project(dest: Path) -> None:

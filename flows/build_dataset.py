@@ -6,7 +6,8 @@ write (into a staging folder) -> validate (Great Expectations) -> version (swap 
 dvc add, git commit data.dvc, dvc push: one task under the build lock, recoverable after a
 kill, see rcgrpo.data.publishing). A failing suite raises before versioning, so data/ and
 data.dvc keep the previous version, checked out. Retries only on the I/O task write.
-Runs against PREFECT_API_URL when set, else an ephemeral local server.
+Runs against PREFECT_API_URL when set; `rcgrpo data build` else uses `rcgrpo ui`'s server or one
+of its own that stops with it (rcgrpo.servers.prefect_for_flows).
 
     rcgrpo data build                                   # params.yaml `dataset:`
     rcgrpo data build --set train_tasks=8 --set test_tasks=4 --set rollouts=off
@@ -180,6 +181,7 @@ def version(cfg: DatasetConfig, folder: Path) -> dict:
         commit=cfg.commit,
         push=cfg.push,
         lock_timeout=cfg.lock_timeout_s,
+        remote=cfg.remote,
     )  # fmt: skip  (the push inside the build lock: no other build can move data/ meanwhile)
     get_run_logger().info("versioned %s: rev %s md5 %s", cfg.data_dir, result["rev"], result["md5"])
     return result
@@ -191,8 +193,8 @@ def prepare(cfg: DatasetConfig) -> None:
     (or a new one); dvc init + offline config if needed."""
     from rcgrpo.data.versioning import check_data_dir, init_project
 
-    init_project(cfg.project, cfg.remote)
-    check_data_dir(cfg.project, cfg.data_dir)
+    check_data_dir(cfg.project, cfg.data_dir, cfg.remote)  # a planned --set remote=src too
+    init_project(cfg.project, cfg.remote)  # the remote of a new project only
 
 
 def _config(cfg: DatasetConfig | None, overrides: dict | None) -> DatasetConfig:

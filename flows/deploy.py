@@ -45,7 +45,8 @@ def serve(
         raise RuntimeError(
             "PREFECT_API_URL is not set: a schedule needs a running Prefect server. Start one "
             "with `rcgrpo ui` (http://127.0.0.1:4200) or `prefect server start --host 127.0.0.1`, "
-            "then `export PREFECT_API_URL=http://127.0.0.1:4200/api`."
+            "then `export PREFECT_API_URL=http://127.0.0.1:4200/api "
+            "PREFECT_API_AUTH_STRING=$(cat ~/.prefect/rcgrpo-api-auth)` (`rcgrpo schedule` does it)."
         )
     root = str(project_root())
     # runs start as subprocesses that import `flows.*`: the project root must be importable

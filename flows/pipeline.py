@@ -154,7 +154,7 @@ def plan_run(overrides=None, stages=None, variant=None, preset=None) -> dict:
     """What a pipeline run will do, checked before any run is opened: {"ov": the overrides per
     section (preset, then `overrides`, then the variant's RL fields and eval goals), "stages",
     "variant" (rcgrpo.evaluation.variants.Variant), "preset", "config" (every section as it will run)}."""
-    from rcgrpo.config import read_params
+    from rcgrpo.config import check_params, read_params
     from rcgrpo.evaluation.variants import get_variant
 
     params = read_params()
@@ -165,6 +165,7 @@ def plan_run(overrides=None, stages=None, variant=None, preset=None) -> dict:
     presets = params.get("presets") or {}
     if preset not in presets:
         raise ValueError(f"preset {preset!r} is not in params.yaml presets: {sorted(presets)}")
+    check_params(preset=preset)  # every section of params.yaml, then with the preset on top
     base, given = presets[preset] or {}, overrides or {}
     ov = {k: {**(base.get(k) or {}), **(given.get(k) or {})} for k in {*base, *given}}
     stages = list(pp.get("stages", STAGES) if stages is None else stages)
@@ -181,14 +182,20 @@ def plan_run(overrides=None, stages=None, variant=None, preset=None) -> dict:
 
 
 def check_configs(ov: dict, stages: list[str], init: str) -> None:
-    """Build every stage's config from params.yaml + overrides (raises ConfigError on a typo)."""
+    """Build every stage's config from params.yaml + overrides (raises ConfigError on a typo),
+    and refuse a data_dir that is not the tracked data folder (VersioningError), in a second."""
     from flows.train import model_config, rollout_config, stage_config
+    from rcgrpo.config import load_section, section_class
     from rcgrpo.data.dataset import load_config
+    from rcgrpo.data.versioning import check_data_dir
 
     model_config(ov.get("model"))
     rollout_config(ov.get("rollout"))
+    for name in ("env", "execution"):  # read deep inside (tool workers, Ray actors): check now
+        load_section(name, section_class(name), overrides=ov.get(name))
     if "data" in stages:
-        load_config(ov.get("dataset"))
+        dataset = load_config(ov.get("dataset"))
+        check_data_dir(dataset.project, dataset.data_dir, dataset.remote)
     if "finetune" in stages:
         stage_config(init, ov.get(init))
     if "rl" in stages:

@@ -8,6 +8,13 @@ the saved model folder as the run's `model` artifact (an I/O task, retried) and 
 {"run_id", "model_path", "config"}. Registration in the Model Registry happens after evaluation
 (flows/pipeline.py) so the version carries the held-out metrics.
 
+On several GPUs (`rcgrpo run --procs 8`, exported as $RCGRPO_TRAIN_PROCS) the stage's training
+runs as `torchrun --standalone --nproc_per_node 8 flows/train.py --launched SPEC`: one process
+per GPU (each binds cuda:LOCAL_RANK, rcgrpo.training.distributed), the stage's configs in the
+SPEC file, rank 0 logging every step to this stage's MLflow run and saving the model; the flow,
+the data stage and the evaluation stay in the one driver process. On a CPU box the ranks run
+over gloo (tests/test_cli_pipeline.py runs 2).
+
     .venv/bin/python flows/train.py rctp '{"epochs": 1}'      # one stage on its own
 """
 
@@ -15,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -28,6 +37,15 @@ from rcgrpo.tracking import runs as tracking
 apply_defaults()
 
 STAGES = ("rctp", "sft", "rl")
+PROCS_ENV = "RCGRPO_TRAIN_PROCS"  # `rcgrpo run --procs N`: training stages on N ranks
+
+
+def train_procs() -> int:
+    """Processes (GPUs) each training stage runs on: $RCGRPO_TRAIN_PROCS, else 1."""
+    raw = os.environ.get(PROCS_ENV, "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"${PROCS_ENV} must be a positive integer, got {raw!r}")
+    return int(raw)
 
 
 def _abs(path: str, root: Path) -> str:
@@ -82,6 +100,9 @@ def fit(stage: str, cfg, model_cfg, rollout_cfg, run_id: str) -> str:
     the final model (save_policy layout)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    if (procs := train_procs()) > 1:  # one process per GPU: torchrun, rank 0 logs and saves
+        tracking.set_tags(run_id, {"train.procs": str(procs)})
+        return launch(stage, cfg, model_cfg, rollout_cfg, run_id, procs)
     to_mlflow = tracking.metrics_logger(run_id)
     shown = ("sft/loss", "reward/mean", "rollout/zero_variance_frac")
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -106,6 +127,75 @@ def fit(stage: str, cfg, model_cfg, rollout_cfg, run_id: str) -> str:
 
             final = run_sft(cfg, model_cfg, log_metrics=log)
     return str(final)
+
+
+def launch(stage: str, cfg, model_cfg, rollout_cfg, run_id: str, procs: int) -> str:
+    """The stage on `procs` ranks under torchrun (this file, `--launched SPEC`); the saved
+    model's folder. A failed rank fails the stage in one line (the ranks' output is above)."""
+    spec = Path(cfg.out_dir) / "launch.json"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    configs = {"cfg": cfg, "model": model_cfg, "rollout": rollout_cfg}
+    spec.write_text(
+        json.dumps(
+            {
+                "stage": stage,
+                "run_id": run_id,
+                **{k: dataclasses.asdict(v) for k, v in configs.items() if v is not None},
+            },
+            indent=1,
+        )
+    )
+    if "torch" in sys.modules:  # the driver's cached GPU memory (a data-stage policy) back
+        import torch
+
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc_per_node", str(procs), __file__, "--launched", str(spec)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=project_root())
+    final = Path(cfg.out_dir) / "final"
+    if done.returncode != 0 or not final.is_dir():
+        raise RuntimeError(f"{stage} on {procs} ranks (torchrun) failed with exit code "
+                           f"{done.returncode}: see the ranks' output above")  # fmt: skip
+    return str(final)
+
+
+def run_launched(spec_path: str) -> None:
+    """One rank of `launch`: the stage's configs from the spec, rank 0 logging to MLflow."""
+    from rcgrpo.config import build
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.training import distributed
+
+    spec = json.loads(Path(spec_path).read_text())
+    stage, run_id = spec["stage"], spec["run_id"]
+    if stage == "rl":
+        from rcgrpo.training.grpo.config import RLConfig as cls
+    else:
+        from rcgrpo.training.sft import SFTConfig as cls
+    cfg = build(cls, spec["cfg"], f"{spec_path}:cfg")
+    model_cfg = build(ModelConfig, spec["model"], f"{spec_path}:model")
+    to_mlflow = tracking.metrics_logger(run_id)
+
+    def log(metrics: dict, step: int) -> None:  # called on rank 0 only
+        to_mlflow(metrics, step)
+        shown = ("sft/loss", "reward/mean", "rollout/zero_variance_frac", "perf/step_s")
+        print(f"{stage} step {step}  " + "  ".join(
+            f"{k}={metrics[k]:.4g}" for k in shown if k in metrics), flush=True)  # fmt: skip
+
+    if stage == "rl":
+        from rcgrpo.rollout.engine import RolloutConfig
+        from rcgrpo.rollout.execution import ExecutionConfig, session
+        from rcgrpo.training.grpo.run import run_rl
+
+        rollout_cfg = build(RolloutConfig, spec["rollout"], f"{spec_path}:rollout")
+        with session(load_section("execution", ExecutionConfig)) as backend:
+            if distributed.is_main():
+                tracking.set_tags(run_id, backend.tags())
+            run_rl(cfg, model_cfg, rollout_cfg, log_metrics=log, backend=backend)
+    else:
+        from rcgrpo.training.sft import run_sft
+
+        run_sft(cfg, model_cfg, log_metrics=log)
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
@@ -144,4 +234,7 @@ def train_flow(
 
 
 if __name__ == "__main__":
-    train_flow(sys.argv[1], overrides=json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)
+    if sys.argv[1] == "--launched":  # one rank of `launch` (torchrun)
+        run_launched(sys.argv[2])
+    else:
+        train_flow(sys.argv[1], overrides=json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)

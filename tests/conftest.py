@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 from rcgrpo.runtime import apply_defaults
 
+# the suite never downloads a model (a hub id fails at once instead of after network retries);
+# the runtime defaults leave the hub online for hub-id profiles (tests/test_models.py)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 apply_defaults()
 
 

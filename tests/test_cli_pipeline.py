@@ -47,12 +47,12 @@ def test_set_without_section_or_value_is_refused(bad):
 @pytest.mark.parametrize(
     "args, says",
     [
-        (["run", "--set", "rl.steps=abc"], "--set rl.steps=abc: 'abc' is not a int"),
+        (["run", "--set", "rl.steps=abc"], "error: rl.steps=abc: must be an int"),
         (["run", "--set", "nosuch.key=1"], "unknown section 'nosuch'; valid: ["),
         (["run", "--set", "eavl.limit=1"], "unknown section 'eavl' (did you mean 'eval'?)"),
         (["run", "--set", "eval.limt=1"], "eval has no key 'limt' (did you mean 'limit'?)"),
         (["schedule", "--set", "rl.stepz=1"], "rl has no key 'stepz' (did you mean 'steps'?)"),
-        (["train", "rl", "--set", "steps=abc"], "--set steps=abc: 'abc' is not a int"),
+        (["train", "rl", "--set", "steps=abc"], "error: rl.steps=abc: must be an int"),
         (["train", "rctp", "--set", "epohcs=1"], "did you mean 'epochs'?"),
         (["eval", "outputs/nothing/here"], "outputs/nothing/here is not a folder"),
         (["data", "build", "--set", "data_dirr=x"], "did you mean 'data_dir'?"),

@@ -99,6 +99,43 @@ def test_greedy_is_argmax_and_stops_at_max_new(policy, tasks):
     assert len(sample.ids) <= 5
 
 
+def test_a_second_stop_token_ends_the_message_as_sampled(policy, tasks):
+    """Llama 3.1 ends a tool call with <|eom_id|>, not its template's <|eot_id|>: any token of
+    Policy.stop_ids ends a message in the engine, and the agent loop keeps it as the sampled
+    end (mask 1) instead of sampling on past it and forcing the template's stop after."""
+    import dataclasses
+
+    greedy = RolloutConfig(temperature=0.0, max_new_tokens=12, max_total_tokens=1200)
+    (plain,) = make_engine(greedy, policy).rollout(tasks[:1], HIGH, seed=0)
+    first = plain.ids[plain.prompt_len :][:12]  # the first message's greedy ids
+    assert plain.mask[plain.prompt_len :][:3] == [1, 1, 1]  # three sampled tokens at least
+    eom = first[2]  # a token it samples mid-message stands in for <|eom_id|>
+    assert eom != policy.stop_id
+    both = dataclasses.replace(policy, also_stop=(eom,))
+    assert both.stop_ids == (policy.stop_id, eom)
+    (cut,) = make_engine(greedy, both).rollout(tasks[:1], HIGH, seed=0)
+    n = first.index(eom) + 1  # the message ends at the first eom, which was sampled
+    assert cut.ids[cut.prompt_len : cut.prompt_len + n] == first[:n]
+    assert cut.mask[cut.prompt_len : cut.prompt_len + n] == [1] * n
+    assert cut.ids[cut.prompt_len + n] != policy.stop_id  # no forced stop after it
+    said = next(m["content"] for m in cut.messages if m["role"] == "assistant")
+    assert said == policy.tokenizer.decode(first[: n - 1])  # the message ended there
+
+
+def test_stop_tokens_of_a_llama_vocabulary():
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    from rcgrpo.models.loading import stop_tokens
+
+    vocab = {"<|begin_of_text|>": 0, "<|eot_id|>": 1, "<|eom_id|>": 2, "hi": 3}
+    llama = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, "hi")))
+    assert stop_tokens(llama) == (1, (2,))  # the template's end first, then <|eom_id|>
+    tiny = load_policy(ModelConfig()).tokenizer  # ChatML: <|im_end|> alone
+    assert stop_tokens(tiny) == (tiny.convert_tokens_to_ids("<|im_end|>"), ())
+
+
 def test_top_p_keeps_the_nucleus():
     logits = torch.tensor([[5.0, 4.0, -3.0, -4.0]]).expand(200, -1)
     u = uniforms([0], 200)[0]  # one draw per row
@@ -288,6 +325,49 @@ def test_vllm_adapter_update_changes_the_served_policy(lora_policy, vllm_engine,
     assert vllm_engine.model_name == f"policy-v{version + 1}"
     assert [r.ids for r in after] != [r.ids for r in before]
     assert [r.ids for r in after] == [r.ids for r in _greedy_hf(lora_policy, tasks[:4])]
+
+
+def test_vllm_reward_rows_stay_frozen_through_the_trainer_and_a_real_step(
+    lora_policy, vllm_engine, tasks, tmp_path
+):
+    """The Trainer's reference adapter (peft set_adapter marks the active adapter trainable)
+    used to re-enable the reward-token rows frozen for vLLM: they trained, and every sync
+    re-exported the base and restarted the server. Through the real order (engine, Trainer,
+    a step with non-zero advantages, sync): rows frozen and unchanged, the adapters trained,
+    no restart, no warning."""
+    import warnings
+    from dataclasses import replace
+
+    from rcgrpo.models.export import reward_rows
+    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+
+    def parity(task, rollout):  # a reward with variance: the random tiny model solves nothing
+        r = sum(t for t, m in zip(rollout.ids, rollout.mask, strict=True) if m) % 2
+        return r, r
+
+    rows = {n: p for n, p in lora_policy.model.named_parameters() if "trainable_tokens" in n}
+    cfg = RLConfig(tasks_per_step=3, group_size=4, steps=1, lr=5e-2, kl_coef=0.1,
+                   save_every=0, out_dir=str(tmp_path), protocol="bfcl")  # fmt: skip
+    trainer = Trainer(lora_policy, vllm_engine, tasks, cfg, score_fn=parity)
+    assert trainer.ref_adapter is not None  # the reference adapter was added ...
+    assert not any(p.requires_grad for p in rows.values())  # ... and the freeze held
+    assert not any(p is q for p in rows.values() for q in trainer.params)
+    before = reward_rows(lora_policy)
+    lora = {n: p.detach().clone() for n, p in lora_policy.model.named_parameters()
+            if "lora_B.default" in n}  # fmt: skip
+    pid, version = vllm_engine.server.proc.pid, vllm_engine.version
+    vllm_engine.cfg = replace(vllm_engine.cfg, temperature=1.0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the "reward-token rows moved" warning fails here
+            m = trainer.train_step(1)  # roll out, update, engine.sync
+    finally:
+        vllm_engine.cfg = replace(vllm_engine.cfg, temperature=0.0)
+    assert m["rollout/zero_adv_frac"] < 1 and m["loss/grad_norm"] > 0  # a real update
+    assert torch.equal(reward_rows(lora_policy), before)
+    assert any(not torch.equal(p, lora[n]) for n, p in lora_policy.model.named_parameters()
+               if n in lora)  # fmt: skip
+    assert vllm_engine.server.proc.pid == pid and vllm_engine.version == version + 1
 
 
 @pytest.mark.slow

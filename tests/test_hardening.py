@@ -120,3 +120,53 @@ def test_an_empty_or_truncated_data_dvc(tmp_path, text):
         pass
     tags = MlflowClient().get_run(run.info.run_id).data.tags
     assert tags["data.md5"] == "unreadable" and tags["data.version"] == "unreadable:unreadable"
+
+
+# -- issue 23, point 6: a truncated state.pt or a folder named step_final on --resume ---------
+
+
+def _checkpoints(out_dir):
+    """step_000001 (whole), step_000002 (state.pt cut in half, as a full disk leaves it) and a
+    folder named step_final, as a user might copy one there."""
+    import torch
+
+    from rcgrpo.training import checkpoint
+
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    runs = out_dir / "checkpoints"
+    for step in (1, 2):
+        checkpoint.save(checkpoint.path_for(out_dir, step), model, opt, None, step)
+    state = runs / "step_000002" / "state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    (runs / "step_final").mkdir()
+    (runs / "step_final" / "state.pt").write_bytes(b"not a checkpoint")
+    return model, opt
+
+
+def test_a_truncated_checkpoint_is_one_line_naming_the_earlier_one(tmp_path):
+    from rcgrpo.training import checkpoint
+
+    model, opt = _checkpoints(tmp_path)
+    last = checkpoint.latest(tmp_path)  # step_final is not a step: ignored, no ValueError
+    assert last.name == "step_000002"
+    with pytest.raises(checkpoint.CheckpointError, match=r"truncated or corrupt.*step_000001"):
+        checkpoint.load(last, model, opt)
+    assert checkpoint.load(tmp_path / "checkpoints" / "step_000001", model, opt)["step"] == 1
+
+
+def test_resume_on_a_truncated_checkpoint_through_the_cli(tmp_path):
+    """Was a traceback (RuntimeError from torch's zip reader, or ValueError for step_final)."""
+    from rcgrpo.bfcl.tasks import tasks_in
+    from rcgrpo.chat.record import write_jsonl
+    from rcgrpo.data.experts import expert
+
+    data = tmp_path / "rctp.jsonl"
+    write_jsonl(data, [expert(t, "combined") for t in tasks_in("train")[:2]])
+    out_dir = tmp_path / "out"
+    _checkpoints(out_dir)
+    out = cli("train", "rctp", "--resume", "--set", f"data={data}", "--set", f"out_dir={out_dir}")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]  # after the model's loading bar
+    assert last.startswith("error: ") and "step_000002/state.pt is truncated or corrupt" in last
+    assert "to resume from step_000001; nothing was loaded" in last

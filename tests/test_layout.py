@@ -21,7 +21,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 LAYERS = [
-    ("rcgrpo.runtime", "rcgrpo.config", "rcgrpo.servers", "rcgrpo"),
+    (
+        "rcgrpo.runtime",
+        "rcgrpo.procs",
+        "rcgrpo.fields",
+        "rcgrpo.config",
+        "rcgrpo.servers",
+        "rcgrpo",
+    ),
     ("rcgrpo.bfcl",),
     ("rcgrpo.chat",),
     ("rcgrpo.models",),

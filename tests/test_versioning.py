@@ -282,8 +282,10 @@ def _publish_killed_at(point, folder, project):
     assert proc.returncode == -signal.SIGKILL
 
 
-@pytest.mark.parametrize("point", ["aside", "swapped", "committed"])
+@pytest.mark.parametrize("point", ["aside", "swapped", "commit", "committed"])
 def test_publish_killed_at_each_fault_window_is_recovered(project, point):
+    """`commit`: killed after the git commit but before the journal said so (issue 23: the
+    commit stayed, data.dvc was left modified, the objects never reached the remote)."""
     f1, md5s1 = built(project, 0)
     publish(f1, project)
     dvc1, head1 = (project / "data.dvc").read_bytes(), git(project, "rev-parse", "HEAD")
@@ -295,8 +297,9 @@ def test_publish_killed_at_each_fault_window_is_recovered(project, point):
     with warned, build_lock(project):  # what the next build / rollback / rcgrpo start does
         pass
     assert not (project / ".dvc" / "tmp" / "rcgrpo-publish.json").exists()
-    if point == "committed":  # committed before the kill: kept, and the push is done now
+    if point in ("commit", "committed"):  # committed before the kill: kept, pushed now
         assert git(project, "rev-parse", "HEAD") != head1 and file_md5s(project / "data") == md5s2
+        assert not git(project, "status", "--porcelain")  # data.dvc is the committed one
         shutil.rmtree(project / ".dvc" / "cache")
         rollback(head1, project)  # v1 from the remote
         rollback("HEAD", project)  # v2 needs the objects the recovery pushed
@@ -304,8 +307,9 @@ def test_publish_killed_at_each_fault_window_is_recovered(project, point):
         return
     assert file_md5s(project / "data") == md5s1 and (project / "data.dvc").read_bytes() == dvc1
     assert git(project, "rev-parse", "HEAD") == head1 and not git(project, "status", "--porcelain")
-    assert file_md5s(f2) == md5s2  # the new build is kept where it was built
-    publish(f2, project)  # and publishing it again just works
+    (kept,) = (project / ".dvc" / "tmp").glob("rcgrpo-kept-*")  # not removed by a later build
+    assert file_md5s(kept) == md5s2 and not f2.exists()
+    publish(kept, project)  # and publishing it again just works
     assert file_md5s(project / "data") == md5s2
 
 

@@ -1,18 +1,22 @@
-"""Loading one `params.yaml` section into a stage's frozen config dataclass.
+"""Loading one `params.yaml` section into a stage's frozen config dataclass, checked in one place.
 
 Each stage defines its own dataclass next to its code (cleanrl style: one field per option, a
-one-line docstring/comment per field) and loads it with `load_section`. Unknown keys and wrong
-types fail with the file, the section and the key, so a typo never silently falls back to a
-default.
+one-line comment per field) and loads it with `load_section`. Every numeric field declares its
+interval beside its help (`ranged(0.5, "[0, 1]")`), a field with a few valid words is a
+`Literal`, and `build` checks names, types (list elements too), intervals and choices before
+anything starts. A bad value fails in one line that names the field and the rule:
+
+    error: rl.p_high=7.0: must be in [0, 1]
+    error: model.dtype=float99: must be one of float32, bfloat16, float16 (params.yaml presets.cpu)
+
+`--set` (parse_sets), `--params` files, params.yaml and its presets (check_params) all go through
+it. YAML values are read as YAML 1.2 reads numbers (`1e-5` is a float; YAML 1.1 says string).
 
     from rcgrpo.config import load_section
     cfg = load_section("sft", SFTConfig)                       # from ./params.yaml
-    cfg = load_section("sft", SFTConfig, overrides={"lr": 1e-5})
     ov = parse_sets(["rl.steps=2"], sectioned=True)   # the CLI's --set, checked before any work
 
-`parse_sets` is what every CLI `--set` goes through: a bad value, an unknown section or an
-unknown key fails at once with the `--set` named and the valid names (or the closest one) listed,
-before any import of prefect or any training starts (tests/test_config.py).
+    .venv/bin/pytest tests/test_config.py tests/test_settings.py -q
 """
 
 from __future__ import annotations
@@ -20,47 +24,25 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
-import types
 import typing
 from pathlib import Path
 
 import yaml
 
+from rcgrpo.fields import (  # noqa: F401 (ranged and the interval helpers: also used from here)
+    coerce,
+    field_problem,
+    out_of_range,
+    parse_interval,
+    ranged,
+    show,
+    yaml_load,
+)
 from rcgrpo.runtime import project_root
 
 
 class ConfigError(ValueError):
-    """A params.yaml section that does not fit its dataclass."""
-
-
-def ranged(default, interval: str):
-    """A config field whose value (or each element of a tuple value) must lie in `interval`,
-    written as in maths: "[0, 1]", "(0, inf)", "[1, inf)". Declared beside the field's help,
-    checked by `build` before anything runs:
-
-        p_high: float = ranged(0.5, "[0, 1]")  # P(<|high_reward|>) per rollout
-    """
-    parse_interval(interval)  # a typo fails when the module is imported
-    return dataclasses.field(default=default, metadata={"range": interval})
-
-
-def parse_interval(interval: str) -> tuple[float, bool, float, bool]:
-    """Parse "[0, 1)" -> (0.0, True, 1.0, False): the bounds and whether each is included."""
-    s = interval.strip()
-    lo, sep, hi = s[1:-1].partition(",")
-    if s[:1] not in "[(" or s[-1:] not in "])" or not sep:
-        raise ValueError(f"not an interval: {interval!r} (write e.g. '[0, 1]' or '(0, inf)')")
-    return float(lo), s[0] == "[", float(hi), s[-1] == "]"
-
-
-def out_of_range(value, interval: str) -> bool:
-    """Whether a number (or any element of a list/tuple) lies outside `interval`."""
-    if isinstance(value, list | tuple):
-        return any(out_of_range(v, interval) for v in value)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False  # the type check reports it
-    lo, lo_in, hi, hi_in = parse_interval(interval)
-    return not ((lo <= value if lo_in else lo < value) and (value <= hi if hi_in else value < hi))
+    """A params.yaml section (or a --set) that does not fit its dataclass."""
 
 
 def params_path() -> Path:
@@ -72,7 +54,7 @@ def read_params(path: Path | None = None) -> dict:
     if not path.exists():
         raise ConfigError(f"{path} not found: run from the rcgrpo checkout or pass --params")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
@@ -80,48 +62,27 @@ def read_params(path: Path | None = None) -> dict:
     return data
 
 
-def _type_ok(value, annotation) -> bool:
-    origin = typing.get_origin(annotation)
-    if annotation is typing.Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, a) for a in typing.get_args(annotation))
-    if annotation is type(None):
-        return value is None
-    if origin is typing.Literal:
-        return value in typing.get_args(annotation)
-    if origin in (list, tuple):
-        return isinstance(value, list | tuple)
-    if origin is dict:
-        return isinstance(value, dict)
-    if annotation is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, annotation) if isinstance(annotation, type) else True
-
-
-def build(cls, values: dict, where: str):
-    """Instantiate dataclass `cls` from `values`, checking names and types."""
+def build(cls, values: dict, section: str, source: str = ""):
+    """Instantiate dataclass `cls` (params.yaml section `section`) from `values`, checking names,
+    types, choices and intervals; `source` (e.g. the params.yaml path) ends each message."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
+    where = f" ({source})" if source else ""
     unknown = sorted(set(values) - names)
     if unknown:
         raise ConfigError(
-            f"{where}: unknown key(s) {unknown}{_close(unknown[0], names)}; allowed: {sorted(names)}"
+            f"{section}: unknown key(s) {unknown}{_close(unknown[0], names)}; "
+            f"allowed: {sorted(names)}{where}"
         )
-    ranges = {f.name: f.metadata["range"] for f in dataclasses.fields(cls) if "range" in f.metadata}
+    values = dict(values)
     for key, value in values.items():
-        if not _type_ok(value, hints[key]):
-            raise ConfigError(f"{where}.{key}: {value!r} is not a {hints[key]}")
-        if key in ranges and out_of_range(value, ranges[key]):
-            raise ConfigError(f"{where}.{key}={value!r}: must be in {ranges[key]}")
-        if isinstance(value, list) and typing.get_origin(hints[key]) is tuple:
-            values[key] = tuple(value)
+        if why := field_problem(cls, key, value):
+            raise ConfigError(f"{section}.{key}={show(value)}: {why}{where}")
+        values[key] = coerce(value, hints[key])
     try:
         return cls(**values)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: {e}") from None
+    except (TypeError, ValueError, ArithmeticError) as e:  # a __post_init__ rule over fields
+        raise ConfigError(f"{section}: {e}{where}") from None
 
 
 def load_section(section: str, cls, path: Path | None = None, overrides: dict | None = None):
@@ -132,7 +93,7 @@ def load_section(section: str, cls, path: Path | None = None, overrides: dict | 
     if section in PROCESS_SECTIONS:
         values.update(_exported().get(section, {}))
     values.update(overrides or {})
-    return build(cls, values, f"{path or params_path()}:{section}")
+    return build(cls, values, section, str(path or params_path()))
 
 
 # Sections read deep inside, in whatever process does the work (a tool worker, a Ray actor, a
@@ -191,14 +152,39 @@ def section_class(section: str):
     return getattr(importlib.import_module(module), name)
 
 
+def check_params(sections=None, path: Path | None = None, preset: str | None = None) -> None:
+    """Build every section of params.yaml as it stands (`sections`: default all of SECTIONS),
+    then with the preset `preset` (params.yaml `presets:`) on top, so a bad value anywhere fails
+    before anything starts, in one line naming where it is (ConfigError)."""
+    params = read_params(path)
+    where = str(path or params_path())
+    presets = params.get("presets") or {}
+    layer = (presets.get(preset) or {}) if preset else {}
+    if not isinstance(layer, dict):
+        raise ConfigError(f"presets.{preset} must map sections to fields ({where})")
+    for name in sections or SECTIONS:
+        base = params.get(name) or {}
+        if not isinstance(base, dict):
+            raise ConfigError(f"{name}: must be a mapping of fields ({where})")
+        build(section_class(name), base, name, where)
+        if layer.get(name):
+            values = {**base, **layer[name]}
+            build(section_class(name), values, name, f"{where} presets.{preset}")
+
+
 def parse_sets(
-    pairs: list[str], sectioned: bool, section: str | None = None, path: Path | None = None
+    pairs: list[str],
+    sectioned: bool,
+    section: str | None = None,
+    path: Path | None = None,
+    together: bool = True,
 ) -> dict:
     """CLI `--set` pairs -> overrides, each checked against its section's dataclass on top of
     params.yaml. sectioned: "section.key=value" -> {section: {key: value}}; else "key=value" for
-    the one `section` -> {key: value}. Raises ConfigError naming the offending `--set`."""
-    import yaml
-
+    the one `section` -> {key: value}. Raises ConfigError naming the offending `--set`:
+    `rl.p_high=7.0: must be in [0, 1]`. together: also check the rules over several fields (a
+    __post_init__) on params.yaml's section; off where a preset comes in between (`rcgrpo run`
+    checks the section as it will run, preset included: flows.pipeline.plan_run)."""
     params = read_params(path)
     out: dict = {}
     for pair in pairs:
@@ -213,7 +199,7 @@ def parse_sets(
                 f"valid: {sorted(SECTIONS)}"
             )
         try:
-            value = yaml.safe_load(raw)
+            value = yaml_load(raw)
         except yaml.YAMLError as e:
             raise ConfigError(f"--set {pair}: value is not YAML ({e.problem})") from None
         cls = section_class(name)
@@ -223,15 +209,11 @@ def parse_sets(
                 f"--set {pair}: {name} has no key {key!r}{_close(key, names)}; "
                 f"valid: {sorted(names)}"
             )
-        hint = typing.get_type_hints(cls)[key]
-        if not _type_ok(value, hint):
-            raise ConfigError(f"--set {pair}: {value!r} is not a {_type_name(hint)}")
+        if why := field_problem(cls, key, value):
+            raise ConfigError(f"{name}.{key}={raw.strip()}: {why}")
         out.setdefault(name, {})[key] = value
-    for name, values in out.items():  # the fields together (a __post_init__ check)
+    for name, values in out.items() if together else ():  # the fields together (__post_init__)
         base = dict(params.get(name) or {})
-        build(section_class(name), {**base, **values}, f"--set {name}.{'/'.join(values)}")
+        sets = " ".join(f"--set {name}.{k}={show(v)}" for k, v in values.items())
+        build(section_class(name), {**base, **values}, name, f"with {sets}")
     return out if sectioned else out.get(section, {})
-
-
-def _type_name(hint) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")

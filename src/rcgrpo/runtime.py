@@ -1,7 +1,12 @@
-"""Process defaults every entry point applies first: telemetry off, offline hubs, sane timeouts.
+"""Process defaults every entry point applies first: telemetry off, sane timeouts.
 
 Called by the CLI, the flows and the test suite (never at import time: importing rcgrpo has no
 side effects). Values already set in the environment win, so a user can override any of them.
+The Hugging Face hub is NOT put offline: a model asked for by hub id (the 7B profiles, or
+model.path=org/name) is downloaded into the HF cache on a fresh GPU box. Nothing else asks the
+hub for anything (the tiny and qwen-shape models are built here and load from local folders,
+the vLLM server loads a local export with HF_HUB_OFFLINE=1), and HF_HUB_OFFLINE=1 set by the
+user (or the test suite, tests/conftest.py) still wins.
 `torch_threads(n)` runs a block (the rollout engines' generate) with a deliberate torch thread
 count: n, else $RCGRPO_TORCH_THREADS, else 1 (measured below).
 """
@@ -20,9 +25,9 @@ DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "GX_ANALYTICS_ENABLED": "false",
     "DVC_NO_ANALYTICS": "1",
-    "HF_HUB_OFFLINE": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    "RAY_USAGE_STATS_ENABLED": "0",
     # 2 cores: the ephemeral Prefect server needs longer than its 20 s default to start.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
     # The ephemeral server a flow run starts (no PREFECT_API_URL) has no UI, so no page of any

@@ -14,7 +14,6 @@ are rejected at parse time. Text and literal sizes are capped before and during 
 functions available in this turn). Results are rendered exactly as bfcl-eval renders them
 (str as is, dict as JSON, anything else `str()`, an exception inside a tool as
 "Error during execution: ...") so the checkers can compare them with bfcl-eval's own runs.
-
 Try it: `rcgrpo env run multi_turn_base_0 --calls calls.json`.
 """
 
@@ -79,18 +78,20 @@ class Parsed:
 class _Budget:
     """Counts literal elements across one text so a huge literal is cut off early."""
 
-    def __init__(self) -> None:
-        self.nodes = 0
+    nodes = 0
 
-    def take(self) -> None:
+    def take(self, node: ast.AST | None = None) -> None:
         self.nodes += 1
         if self.nodes > MAX_NODES:
             raise CallError(f"arguments hold more than {MAX_NODES} literal elements")
+        value = getattr(getattr(node, "operand", node), "value", None)  # `x` or `-x`
+        if type(value) is int and value.bit_length() > 13_000:  # `0x<3,700 hex digits>` parses
+            raise CallError("integer literal over 13,000 bits (str() prints <= 4,300 digits)")
 
 
 def _literal(node: ast.AST, budget: _Budget, depth: int = 0):
     """Evaluate a whitelisted literal node; anything else raises CallError naming the node."""
-    budget.take()
+    budget.take(node)
     if depth > MAX_DEPTH:
         raise CallError(f"literal nested deeper than {MAX_DEPTH} levels")
     if isinstance(node, ast.Constant) and isinstance(node.value, str | int | float | bool | None):

@@ -39,14 +39,17 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from rcgrpo.bfcl.progress import IDLE, LAYOUT, OOM, TRUSTED, Failure
+from rcgrpo.config import ranged
 
 
 @dataclass(frozen=True)
 class EnvConfig:
     """params.yaml `env:` — limits of one tool call (rcgrpo.bfcl.sandbox)."""
 
-    tool_timeout_s: float = 5.0  # wall-clock limit of one tool call; the worker is killed after it
-    tool_memory_mb: int = 4096  # address-space limit of the worker process (RLIMIT_AS)
+    # wall-clock limit of one tool call; the worker is killed after it
+    tool_timeout_s: float = ranged(5.0, "(0, inf)")
+    # address-space limit of the worker process (RLIMIT_AS)
+    tool_memory_mb: int = ranged(4096, "[256, inf)")
 
     def __post_init__(self):
         if not self.tool_timeout_s > 0 or self.tool_memory_mb < 256:
@@ -96,7 +99,12 @@ class Sandbox:
         fds = (from_parent, to_parent, progress_fd)
         args = [str(fd) for fd in fds] + [str(self.config.tool_memory_mb)]
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", code, *args], pass_fds=fds, env=env, stdin=subprocess.DEVNULL
+            # -P: `-c` would put the working directory first on sys.path, and a planted
+            # mmap.py there would run inside the worker
+            [sys.executable, "-P", "-c", code, *args],
+            pass_fds=fds,
+            env=env,
+            stdin=subprocess.DEVNULL,
         )
         os.close(from_parent)
         os.close(to_parent)

@@ -14,15 +14,19 @@ rendering of all messages minus the rendering up to the last assistant message),
 template that renders a conversation as a concatenation of messages works, the model's own ones
 included. Calls are written in BFCL's python form, `[cd(folder='document'), ls()]`.
 
-Tool output is data: a tool message whose text contains a special token's text (`<|im_end|>`,
-`<|high_reward|>`, ...) is rendered with a backslash after the token's first character
-(`<\\|im_end|>`), so it tokenises as plain text and can neither end a message nor set the
-reward goal. The stored messages keep the raw text; only the rendering escapes.
+Tool output is data: a tool message whose text contains the text of any added token (special
+or not: `<|im_end|>`, `<|high_reward|>`, Qwen's `<tool_call>` ...) or of a tag the chat template
+writes itself (`<tool_response>`, `</tool_response>`, `<tools>` ...) is rendered with a
+backslash after its first character (`<\\|im_end|>`, `<\\/tool_response>`), so it tokenises as
+plain text and can neither end a message or its tool block nor set the reward goal. The stored
+messages keep the raw text; only the rendering escapes.
 
     .venv/bin/pytest tests/test_agent_loop.py -q
 """
 
 from __future__ import annotations
+
+import re
 
 from rcgrpo.chat.record import HIGH, LOW
 
@@ -122,12 +126,15 @@ def format_calls(calls: list[str]) -> str:
 class Renderer:
     """Messages -> token ids through one chat template (the tokenizer's `chat_template`).
 
-    stop_id: the end-of-message token the model samples to end an assistant message.
+    stop_id: the end-of-message token the model samples to end an assistant message (the one
+    the template writes); also_stop: other tokens that end a sampled message (Llama 3.1's
+    <|eom_id|> after a tool call); `stop_ids` holds them all.
     """
 
-    def __init__(self, tokenizer, stop_id: int):
+    def __init__(self, tokenizer, stop_id: int, also_stop: tuple[int, ...] = ()):
         self.tokenizer = tokenizer
         self.stop_id = stop_id
+        self.stop_ids = (stop_id, *also_stop)
         self.stop_text = tokenizer.convert_ids_to_tokens(stop_id)
         probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
         head = self.text(probe, None, True)
@@ -139,12 +146,17 @@ class Renderer:
                 f"(rendered {suffix!r}): pick the project template (models.PROJECT_TEMPLATE)"
             )
         self.after_stop = suffix[len("PROBE" + self.stop_text) :]  # e.g. "\n" in ChatML
+        # Every added token becomes one id whatever its `special` flag (Qwen2.5's <tool_call> is
+        # not special), and a tag the template writes (<tool_response>) marks structure even
+        # when it tokenises as several pieces: a tool text must spell neither.
         added = getattr(tokenizer, "added_tokens_decoder", {}).values()
-        specials = {*tokenizer.all_special_tokens, *(t.content for t in added if t.special)}
+        template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+        tags = re.findall(r"</?[A-Za-z_|][\w|.-]*>", template)
+        specials = {*tokenizer.all_special_tokens, *(t.content for t in added), *tags}
         self.specials = sorted((t for t in specials if len(t) > 1), key=len, reverse=True)
 
     def escape(self, content: str) -> str:
-        """Tool text with every special token's text broken by a backslash (plain text)."""
+        """Tool text with every added token's and template tag's text broken by a backslash."""
         for _ in range(8):  # an escape never forms a new special text; the bound is a guard
             found = [t for t in self.specials if t in content]
             if not found:

@@ -9,6 +9,7 @@ so `rcgrpo --help` stays fast (tests/test_cli_pipeline.py checks it).
     rcgrpo train rctp|sft|rl ; rcgrpo eval PATH ; rcgrpo compare RUNS...
     rcgrpo schedule --cron "0 2 * * *"
     rcgrpo env show multi_turn_base_0
+    rcgrpo plan --profile qwen2.5-7b-instruct --preset paper --gpus 8 --gpu-memory 80
 
 Errors of the project's own types (a bad `--set`, a corrupt JSONL row, a failed rollback, a
 refused checkpoint, ...) end every command the same way, in `main`: `error: <message>` on stderr
@@ -23,7 +24,7 @@ import sys
 
 import typer
 
-from rcgrpo.cli import env, pipeline, train
+from rcgrpo.cli import env, pipeline, plan, train
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -40,6 +41,7 @@ app.command("eval")(train.eval_)
 app.command("compare")(train.compare)
 app.command("ui")(pipeline.ui)
 app.command("schedule")(pipeline.schedule)
+app.command("plan")(plan.plan)
 app.add_typer(env.app, name="env")
 
 
@@ -50,7 +52,9 @@ USER_ERRORS = (
     "rcgrpo.data.versioning:VersioningError",
     "rcgrpo.training.checkpoint:CheckpointError",
     "rcgrpo.chat.record:RecordError",
+    "rcgrpo.servers:ServerError",
     "builtins:FileNotFoundError",
+    "rcgrpo.training.plan.memory:NoFit",
 )
 
 
@@ -73,21 +77,38 @@ def _recover_publish() -> None:
     from rcgrpo.runtime import project_root
 
     if (Path(project_root()) / ".dvc" / "tmp" / "rcgrpo-publish.json").exists():
+        import warnings
+
         from rcgrpo.data.journal import build_lock
         from rcgrpo.data.versioning import BuildLocked
 
         try:  # recovers when it takes the lock; held = that publish is still running
-            with build_lock(project_root(), timeout=0):
-                pass
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                with build_lock(project_root(), timeout=0):
+                    pass
         except BuildLocked:
-            pass
+            said = []
+        for w in said:  # what the recovery did, one line each
+            typer.secho(f"note: {w.message}", fg="yellow", err=True)
 
 
 def main() -> None:
     from rcgrpo.runtime import apply_defaults
 
     apply_defaults()
-    _recover_publish()
+    try:  # a recovery that cannot finish (the remote unreachable) must not stop every command
+        _recover_publish()
+    except Exception as e:
+        message = user_error(e)
+        if message is None:
+            raise
+        typer.secho(
+            f"warning: a dataset publish killed earlier is not finished, retried at the next "
+            f"command: {message}",
+            fg="yellow",
+            err=True,
+        )
     try:
         app(standalone_mode=True)
     except Exception as e:

@@ -42,17 +42,23 @@ def build(
     cfg = load_config(_overrides(set_, params), params)  # a bad --set: ConfigError, one line
     from rcgrpo.data.versioning import check_data_dir
 
-    check_data_dir(cfg.project, cfg.data_dir)  # never another folder: before anything starts
+    # never another folder, nor a push into src/: before anything starts
+    check_data_dir(cfg.project, cfg.data_dir, cfg.remote)
     import sys
 
     from rcgrpo.runtime import project_root
 
     if str(project_root()) not in sys.path:  # `flows` lives at the checkout root, not in src/
         sys.path.insert(0, str(project_root()))
+    import contextlib
+
     from flows.build_dataset import build_dataset_flow  # prefect: heavy import
+    from rcgrpo.servers import prefect_for_flows
 
     try:
-        result = build_dataset_flow(cfg)
+        with contextlib.ExitStack() as stack:  # its own Prefect server stops with the command
+            prefect_for_flows(stack)
+            result = build_dataset_flow(cfg)
     except ValidationFailed as e:
         typer.secho(str(e), fg="red", err=True)
         typer.echo("nothing was versioned; data/ still holds the previous version", err=True)

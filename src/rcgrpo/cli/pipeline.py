@@ -3,16 +3,27 @@
     rcgrpo run                                   # data -> RCTP-FT -> RC-GRPO -> eval -> registry
     rcgrpo run --variant sft+grpo                # one of the paper's baselines instead
     rcgrpo run --set rl.steps=2 --set eval.limit=1 --stages finetune,rl,eval
+    rcgrpo run --procs 8 --preset paper --profile qwen2.5-7b-instruct   # 8 GPUs, one rank each
     rcgrpo ui                                    # MLflow UI :5000 + Prefect UI :4200, Ctrl-C stops
     rcgrpo schedule --cron "0 2 * * *"           # serve the pipeline nightly (needs `rcgrpo ui`)
 
 `--set section.key=value` (YAML value) overrides one params.yaml field for this run only. prefect,
 mlflow and torch are imported inside the commands, so `rcgrpo --help` stays fast.
+
+The multi-GPU form: `--procs N` runs each training stage (fine-tuning, RL) on N processes, one
+per GPU, started with torchrun by the stage's Prefect task (flows/train.py `launch`); the data
+stage, the evaluation and the MLflow/Prefect bookkeeping stay in this one process. Each rank
+binds cuda:LOCAL_RANK, rolls out its share of the RL groups on its own engine (its own vLLM
+server on its GPU with rollout.engine=vllm) and trains its share of every micro-batch list
+(rcgrpo.training.distributed). `torchrun --nproc_per_node N -m rcgrpo.cli train STAGE` (or
+`accelerate launch`) runs one stage the same way outside the pipeline.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import time
 
@@ -26,7 +37,7 @@ def _overrides(pairs: list[str]) -> dict[str, dict]:
     every pair checked against its section (rcgrpo.config.parse_sets: raises ConfigError)."""
     from rcgrpo.config import parse_sets
 
-    return parse_sets(pairs, sectioned=True)
+    return parse_sets(pairs, sectioned=True, together=False)  # plan_run: with the preset
 
 
 def _enter_project() -> str:
@@ -39,16 +50,6 @@ def _enter_project() -> str:
     if root not in sys.path:
         sys.path.insert(0, root)
     return root
-
-
-def _use_running_prefect() -> str:
-    """Point Prefect at `rcgrpo ui`'s server when one answers on 127.0.0.1:4200, so runs show
-    there (and no ephemeral server has to start); else Prefect's ephemeral server is used."""
-    from rcgrpo.servers import prefect_api_running
-
-    if not os.environ.get("PREFECT_API_URL") and (api := prefect_api_running()):
-        os.environ["PREFECT_API_URL"] = api
-    return os.environ.get("PREFECT_API_URL", "ephemeral (start `rcgrpo ui` to keep a UI)")
 
 
 def run(
@@ -68,28 +69,38 @@ def run(
     ),
     profile: str = typer.Option("", help="model profile (shortcut for --set model.profile=...)"),
     register_name: str = typer.Option("rcgrpo", help="Model Registry name of the RL model"),
+    procs: int = typer.Option(
+        1, help="processes per training stage, one per GPU, started with torchrun (1 = this one)"
+    ),
 ) -> None:
     """Run the whole pipeline; prints where the results and the UIs are."""
     _enter_project()
     overrides = _overrides([*set_, *([f"model.profile={profile}"] if profile else [])])
+    chosen = [s.strip() for s in stages.split(",") if s.strip()] or None
+    _data_dir_first(overrides, chosen, preset)  # before prefect, mlflow, torch are imported
+    _export_procs(procs)
     from flows.pipeline import pipeline_flow, plan_run
     from rcgrpo.config import ConfigError, export_process_sets
 
     export_process_sets(overrides)  # env.* / execution.*: read by tool workers and Ray actors
 
-    chosen = [s.strip() for s in stages.split(",") if s.strip()] or None
     try:  # every section as it will run, checked before a Prefect server or MLflow run starts
         plan_run(overrides, chosen, variant or None, preset or None)
-    except (ConfigError, ValueError) as e:
+    except ConfigError:
+        raise
+    except ValueError as e:  # an unknown preset, variant or stage
         raise ConfigError(f"rcgrpo run: {e}") from None
-    api = _use_running_prefect()
+    from rcgrpo.servers import prefect_for_flows
+
     started = time.monotonic()
-    try:
-        out = pipeline_flow(overrides, chosen, variant or None, register_name,
-                            preset=preset or None)  # fmt: skip
-    except (ConfigError, ValueError) as e:
-        typer.secho(f"rcgrpo run: {e}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    with contextlib.ExitStack() as stack:  # a Prefect server of its own stops with the command
+        api = prefect_for_flows(stack)
+        try:
+            out = pipeline_flow(overrides, chosen, variant or None, register_name,
+                                preset=preset or None)  # fmt: skip
+        except (ConfigError, ValueError) as e:
+            typer.secho(f"rcgrpo run: {e}", fg="red", err=True)
+            raise typer.Exit(2) from None
     minutes = (time.monotonic() - started) / 60
     from rcgrpo.tracking import registry
     from rcgrpo.tracking import runs as tracking
@@ -103,9 +114,42 @@ def run(
         f"  report           {out['report']}",
         f"  MLflow store     {tracking.tracking_uri()}",
         f"  MLflow UI        {registry.run_url(out['run_id'])}   (start it: rcgrpo ui)",
-        f"  Prefect          {api}   (UI: http://127.0.0.1:4200 with rcgrpo ui)",
+        f"  Prefect          {api}",
     ]
     typer.echo("\n".join(lines))
+
+
+def _export_procs(procs: int) -> None:
+    """Check --procs against the GPUs here and export it to the training stages' tasks."""
+    from flows.train import PROCS_ENV
+    from rcgrpo.config import ConfigError
+
+    if procs < 1:
+        raise ConfigError(f"rcgrpo run --procs {procs}: must be >= 1")
+    if procs > 1:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus and procs > gpus:  # a CPU-only box runs the ranks over gloo (tests)
+            raise ConfigError(f"rcgrpo run --procs {procs}: this machine has {gpus} GPUs")
+    os.environ[PROCS_ENV] = str(procs)
+
+
+def _data_dir_first(overrides: dict, stages: list[str] | None, preset: str) -> None:
+    """The data stage's folder and push target (params.yaml, the preset, --set), checked before
+    anything heavy is imported: a refusal in ~1 s, not after ~15 s of imports (plan_run checks
+    them again, with every other section)."""
+    from rcgrpo.config import read_params
+    from rcgrpo.data.dataset import load_config
+    from rcgrpo.data.versioning import check_data_dir
+
+    params = read_params()
+    pp = params.get("pipeline") or {}
+    if "data" not in (stages if stages is not None else pp.get("stages", ["data"])):
+        return
+    layer = (params.get("presets") or {}).get(preset or pp.get("preset", "cpu")) or {}
+    cfg = load_config({**(layer.get("dataset") or {}), **overrides.get("dataset", {})})
+    check_data_dir(cfg.project, cfg.data_dir, cfg.remote)
 
 
 def _before_after(reports: dict) -> str:
@@ -129,45 +173,77 @@ def _before_after(reports: dict) -> str:
     return ", ".join(parts) + " (success before -> after RL; greedy, paper reward)"
 
 
+class _Stop(Exception):
+    """SIGTERM or SIGHUP reached `rcgrpo ui` (SIGINT arrives as KeyboardInterrupt)."""
+
+
+def _raise_stop(signum, _frame):
+    raise _Stop(signal.Signals(signum).name)
+
+
 def ui(
     mlflow_port: int = typer.Option(5000, help="MLflow UI port on 127.0.0.1"),
     prefect_port: int = typer.Option(4200, help="Prefect server/UI port on 127.0.0.1"),
     timeout: float = typer.Option(180.0, help="seconds to wait for both to answer"),
 ) -> None:
-    """Start the MLflow UI and the Prefect UI on 127.0.0.1 (2-core settings); Ctrl-C stops both."""
+    """Start the MLflow UI and the Prefect UI on 127.0.0.1 (2-core settings); Ctrl-C stops both.
+
+    Everything it starts stops with it: on SIGINT, SIGTERM or SIGHUP, when either server dies,
+    and (through the guard of rcgrpo.procs) when this process is killed outright; the ports are
+    free again within ~6 s. A port already taken fails at once naming the process that holds it.
+    """
     _enter_project()
     from rcgrpo import servers
     from rcgrpo.tracking import runs as tracking
 
+    if mlflow_port == prefect_port:
+        raise servers.ServerError(f"--mlflow-port and --prefect-port are both {mlflow_port}")
+    servers.check_port(mlflow_port, "--mlflow-port")  # both before either starts
+    servers.check_port(prefect_port, "--prefect-port")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_stop)
     typer.echo("starting the MLflow UI and the Prefect server (about 15-30 s on 2 cores) ...")
-    started = [
-        servers.start_mlflow(tracking.store_dir(), mlflow_port),
-        servers.start_prefect(prefect_port),
-    ]
+    started, code = [], 0
     try:
+        started.append(servers.start_mlflow(tracking.store_dir(), mlflow_port))
+        started.append(servers.start_prefect(prefect_port))
         servers.wait_ready(started, timeout)
+        auth_file = servers.prefect_home() / servers.AUTH_FILE
         typer.echo(f"MLflow UI   {started[0].url}   (runs, metrics, artifacts, Model Registry)")
-        typer.echo(f"Prefect UI  {started[1].url}   (flow runs, deployments, schedules)")
+        typer.echo(f"Prefect UI  {started[1].url}   (flow runs, deployments, schedules; "
+                   f"its login asks for the password in {auth_file})")  # fmt: skip
         typer.echo(
             f"in another terminal: export PREFECT_API_URL={started[1].url}/api "
-            "(rcgrpo run / schedule find it anyway)"
+            f"PREFECT_API_AUTH_STRING=$(cat {auth_file})  (rcgrpo run / schedule find both)"
         )
         typer.echo(f"logs: {started[0].log.parent}   Ctrl-C stops both", err=False)
         sys.stdout.flush()
         while all(s.proc.poll() is None for s in started):
-            time.sleep(1.0)
+            time.sleep(0.5)
         dead = [s.name for s in started if s.proc.poll() is not None]
         typer.echo(f"{', '.join(dead)} exited; stopping the rest", err=True)
-        raise typer.Exit(1)
+        code = 1
     except KeyboardInterrupt:
-        typer.echo("stopping ...")
+        _say("stopping (SIGINT) ...")
+    except _Stop as e:
+        _say(f"stopping ({e}) ...")
     except (RuntimeError, TimeoutError) as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(1) from None
+        _say(str(e), err=True)
+        code = 1
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the stop short
         for s in started:
             servers.stop(s)
-    typer.echo("stopped")
+    _say("stopped")
+    if code:
+        raise typer.Exit(code)
+
+
+def _say(text: str, err: bool = False) -> None:
+    """echo that survives a closed terminal (after SIGHUP stdout may be gone)."""
+    with contextlib.suppress(OSError):
+        typer.echo(text, err=err)
 
 
 def schedule(
@@ -179,13 +255,17 @@ def schedule(
     """Serve the pipeline with a cron schedule until Ctrl-C (needs a Prefect server: rcgrpo ui)."""
     _enter_project()
     params: dict = {"overrides": _overrides(set_)}  # a bad --set fails before serving
-    api = _use_running_prefect()
-    if not os.environ.get("PREFECT_API_URL"):
-        typer.echo("no Prefect server on 127.0.0.1:4200: start `rcgrpo ui` first", err=True)
+    from rcgrpo.servers import prefect_api_running, use_prefect
+
+    found = prefect_api_running()
+    if not os.environ.get("PREFECT_API_URL") and not found:
+        typer.echo("no Prefect server of `rcgrpo ui` on 127.0.0.1:4200: start it first", err=True)
         raise typer.Exit(1)
     from flows.deploy import serve
 
     if stages:
         params["stages"] = [s.strip() for s in stages.split(",") if s.strip()]
+    api = found[0] if found else os.environ["PREFECT_API_URL"]
     typer.echo(f"serving rcgrpo-pipeline/{name} on {api} with cron {cron!r}; Ctrl-C stops")
-    serve(name, cron, params)
+    with use_prefect(*found) if found else contextlib.nullcontext():
+        serve(name, cron, params)

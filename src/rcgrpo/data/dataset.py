@@ -26,6 +26,7 @@ from typing import Literal
 
 from rcgrpo.bfcl.tasks import CATEGORIES, Task, tasks_in
 from rcgrpo.chat.record import SPLITS, Trajectory, write_jsonl
+from rcgrpo.config import ranged
 from rcgrpo.data.failures import RolloutReport
 from rcgrpo.data.perturbations import KINDS
 
@@ -40,27 +41,35 @@ class DatasetConfig:
     docs_dir: str = "reports/data_docs"  # Great Expectations Data Docs (outside data/)
     protocol: Literal["combined", "bfcl"] = "combined"  # prompt protocol of every trajectory
     categories: tuple[str, ...] = CATEGORIES  # BFCL multi-turn categories to include
-    train_tasks: int = 0  # train tasks to use (0 = all 720); a seeded, category-stratified subset
-    test_tasks: int = 0  # test tasks to use (0 = all 80)
+    # train tasks to use (0 = all 720); a seeded, category-stratified subset
+    train_tasks: int = ranged(0, "[0, inf)")
+    test_tasks: int = ranged(0, "[0, inf)")  # test tasks to use (0 = all 80)
     # Which train tasks may be picked (the test split is never filtered: it is what we report).
     # The CPU default narrows them to short base tasks a 1M-parameter model learns in minutes.
     train_categories: tuple[str, ...] = ()  # () = `categories`
-    train_max_calls: int = 0  # only tasks whose ground truth has at most this many calls (0 = any)
-    low_per_high: float = 1.0  # failures per expert in the mixed set (paper: 1:1)
-    balance_tolerance: float = 0.05  # allowed |high share - target| before validation fails
+    # only tasks whose ground truth has at most this many calls (0 = any)
+    train_max_calls: int = ranged(0, "[0, inf)")
+    # failures per expert in the mixed set (paper: 1:1)
+    low_per_high: float = ranged(1.0, "(0, inf)")
+    # allowed |high share - target| before validation fails
+    balance_tolerance: float = ranged(0.05, "[0, 1]")
     kinds: tuple[str, ...] = KINDS  # perturbation kinds (failure source b)
-    attempts: int = 4  # candidate perturbations tried per kind until one scores 0
+    # candidate perturbations tried per kind until one scores 0
+    attempts: int = ranged(4, "[1, inf)")
     # source (a): auto = on if the engine loads. YAML reads a bare on/off as a bool: accepted.
     rollouts: Literal["auto", "on", "off"] | bool = "auto"
     # base policy rolled out: "" = params.yaml `model:` as it is (the policy's own profile, path
     # and seed: failures of the model being trained); a profile name = that profile instead
     rollout_profile: str = ""
-    rollout_max_tokens: int = 1024  # token budget of one rollout episode (prompt included)
-    rollout_share: float = 0.5  # most of the low half taken from rollouts (rest perturbations)
+    # token budget of one rollout episode (prompt included)
+    rollout_max_tokens: int = ranged(1024, "[1, inf)")
+    # most of the low half taken from rollouts (rest perturbations)
+    rollout_share: float = ranged(0.5, "[0, 1]")
     commit: bool = True  # git-commit data.dvc after a valid build
     push: bool = True  # dvc push to the remote after the commit
-    lock_timeout_s: float = 600.0  # wait at most this long for another build's lock
-    seed: int = 0  # task subset, perturbations, failure draw, row order
+    # wait at most this long for another build's lock
+    lock_timeout_s: float = ranged(600.0, "[0, inf)")
+    seed: int = ranged(0, "[0, inf)")  # task subset, perturbations, failure draw, row order
 
     def __post_init__(self):
         if isinstance(self.rollouts, bool):
@@ -219,8 +228,8 @@ def build_folder(cfg: DatasetConfig, out: Path, rollouts: dict | None = None) ->
     notebooks: writes one build into `out` and returns its manifest. rollouts: split -> records
     (made elsewhere, e.g. by rollout_failures); only those `failures.refusal` accepts are used."""
     from rcgrpo.data.experts import generate_experts
-    from rcgrpo.data.perturbations import generate_perturbations
     from rcgrpo.data.labels import low_half, mixed_set, sft_set
+    from rcgrpo.data.perturbations import generate_perturbations
 
     screened = RolloutReport()
     usable = {s: [r for r in (rollouts or {}).get(s, []) if screened.add(r)] for s in SPLITS}

@@ -3,11 +3,13 @@ data.dvc (and .gitignore only if DVC just changed it; never any other file), `dv
 the build lock of rcgrpo.data.versioning, and recoverable at every crash point.
 
 A journal (.dvc/tmp/rcgrpo-publish.json) written before the first rename records what moves
-where. A failure before the commit puts the previous `data/`, data.dvc and .gitignore back at
-once. After a kill -9, `recover` (run by the next build/rollback when it takes the lock, and by
-`rcgrpo` at start) undoes a publish killed before its commit (the new build is kept in its
-staging folder) or redoes the push of one killed after it. tests/test_versioning.py kills a
-publishing subprocess in each window (RCGRPO_PUBLISH_PAUSE=aside|swapped|committed holds it there).
+where, and is rewritten (phase "commit": HEAD and the new md5) just before the git commit. A
+failure before the commit puts the previous `data/`, data.dvc and .gitignore back at once.
+After a kill -9, `recover` (run by the next build/rollback when it takes the lock, and by
+`rcgrpo` at start) undoes a publish killed before its commit (the new build is kept in
+.dvc/tmp/rcgrpo-kept-*) or redoes the push of one killed after it, also one killed between the
+commit and the journal's update. tests/test_versioning.py kills a publishing subprocess in each
+window (RCGRPO_PUBLISH_PAUSE=aside|swapped|commit|committed holds it there).
 
     from rcgrpo.data.publishing import publish
     publish(staging_folder, project_root)      # -> {"rev", "md5", "changed", "path"}
@@ -48,15 +50,17 @@ def publish(
     commit: bool = True,
     push: bool = True,
     lock_timeout: float = 600.0,
+    remote: str | None = None,
 ) -> dict:
     """Make `folder` the new `data/` version: swap, dvc add, git commit data.dvc, dvc push, all
     under the build lock. Recoverable at every point: a journal in .dvc/tmp records what was
     moved where before the first rename; a failure undoes the swap at once, and a kill -9 is
     undone (before the commit) or finished (after it) by `recover`, which the next build or
     rollback runs when it takes the lock (and `rcgrpo` at start). A stale .git/index.lock is
-    refused before anything moves."""
+    refused before anything moves. `remote`: a one-off push target (dataset.remote) instead of
+    the project's remote; .dvc/config is never changed (versioning.check_remote)."""
     root, folder = Path(root).resolve(), Path(folder).resolve()
-    data = check_data_dir(root, data_dir)  # before the lock and any rename
+    data = check_data_dir(root, data_dir, remote)  # before the lock and any rename
     with build_lock(root, lock_timeout):
         if commit and (lock := root / ".git" / "index.lock").exists():
             raise VersioningError(
@@ -70,7 +74,7 @@ def publish(
         entry = {
             "phase": "swap", "data_dir": data_dir, "backup": str(backup), "new": str(folder),
             "had_data": data.exists(), "gitignore_before": ignore_before.decode(),
-            "dvc_before": dvc_path.read_text() if dvc_path.exists() else None,
+            "dvc_before": dvc_path.read_text() if dvc_path.exists() else None, "remote": remote,
         }  # fmt: skip
         write_journal(root, entry)
         try:
@@ -90,10 +94,13 @@ def publish(
                 paths.append(".gitignore")  # DVC added its entry for data/
             rev, changed = None, True
             if commit:
+                head = _git(root, "rev-parse", "--verify", "--quiet", "HEAD", check=False)
+                write_journal(root, {**entry, "phase": "commit", "md5": md5, "head_before": head})
                 _git(root, "add", "--", *paths)
                 staged = _git(root, "diff", "--cached", "--name-only", "--", *paths)
                 if staged:
                     _git(root, "commit", "-m", f"{message} ({md5})", "--", *paths)
+                    _pause("commit")
                 changed = bool(staged)
                 rev = _git(root, "log", "-1", "--format=%H", "--", dvc_path.name)
         except BaseException as e:  # also Ctrl-C: put the previous version back now
@@ -108,6 +115,6 @@ def publish(
         shutil.rmtree(backup, ignore_errors=True)
         _pause("committed")
         if push:
-            versioning.push(root, data_dir)  # (the `push` flag shadows the name)
+            versioning.push(root, data_dir, remote)  # (the `push` flag shadows the name)
         journal_path(root).unlink()
         return {"rev": rev, "md5": md5, "changed": changed, "path": str(data)}

@@ -1,8 +1,11 @@
 """`rcgrpo data rollback <rev>`: data/ back to the version data.dvc had at a git revision.
 
-`rollback(rev, root)`: `dvc fetch` at <rev> and a check that every object is there before
-anything is touched, then `git checkout <rev> -- data.dvc && dvc checkout`, byte for byte; any
-failure puts data.dvc and data/ back as they were and says why in one line. Returns what changed
+`rollback(rev, root)`: data.dvc at <rev> must name data/ and nothing else (a commit whose
+data.dvc says `path: src` would have DVC replace src/ by the dataset: refused before anything
+is touched), then `dvc fetch` at <rev> and a check that every object is there, then data.dvc is
+written from <rev> (the git index is not touched: a failed or uncommitted rollback never leaves
+a staged data.dvc for the next commit to record) and `dvc checkout`, byte for byte; any failure
+puts data.dvc and data/ back as they were and says why in one line. Returns what changed
 (files added / removed / modified, row counts before and after). DVC is reached through
 rcgrpo.data.versioning's repo helper (the one DVC touchpoint).
 
@@ -14,9 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
+import subprocess
 import uuid
 from pathlib import Path
+
+import yaml
 
 from rcgrpo.data.journal import build_lock
 from rcgrpo.data.versioning import (
@@ -38,9 +45,35 @@ def _resolve_rev(root: Path, rev: str, dvc_file: str) -> str:
     full = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
     if not full:
         raise VersioningError(f"{rev!r} is not a git revision here; see `rcgrpo data versions`")
-    if not _git(root, "ls-tree", "--name-only", full, "--", dvc_file, check=False):
+    entry = _git(root, "ls-tree", full, "--", dvc_file, check=False).split()
+    if not entry:
         raise VersioningError(f"revision {rev} has no {dvc_file}: it holds no dataset version")
+    if entry[0] not in ("100644", "100755"):
+        raise VersioningError(f"{dvc_file} at {rev} is not a plain file (mode {entry[0]})")
     return full
+
+
+def target_text(root: Path, full: str, rev: str, dvc_file: str, data_dir: str) -> bytes:
+    """data.dvc at `full`, byte for byte, if it tracks `data_dir` and nothing else: exactly one
+    output, whose path is data_dir, no `wdir`. DVC checks out whatever path a .dvc file names,
+    so a committed `path: src` (or `outputs`, `..`) would replace that folder: refused."""
+    raw = subprocess.run(["git", "-C", str(root), "show", f"{full}:{dvc_file}"],
+                         capture_output=True, check=True).stdout  # fmt: skip
+    try:
+        doc = yaml.safe_load(raw.decode())
+        outs = doc["outs"]
+        path = outs[0]["path"] if isinstance(outs, list) and len(outs) == 1 else None
+        wdir = doc.get("wdir", ".")
+    except (yaml.YAMLError, UnicodeDecodeError, TypeError, KeyError, IndexError, AttributeError):
+        path = wdir = None
+    if not isinstance(path, str) or wdir not in (".", None) or (
+            os.path.normpath(path) != os.path.normpath(data_dir)):  # fmt: skip
+        raise VersioningError(
+            f"{dvc_file} at {rev} does not track {data_dir}/ alone (outs: "
+            f"{' '.join(str(doc.get('outs') if isinstance(doc, dict) else doc).split())[:120]}"
+            f"); refused: a checkout of it would replace another folder. Nothing was changed"
+        )
+    return raw
 
 
 def rollback(
@@ -59,7 +92,8 @@ def rollback(
     dvc_file = f"{data_dir}.dvc"
     data = check_data_dir(root, data_dir)
     full = _resolve_rev(root, rev, dvc_file)
-    md5 = _md5_of(_git(root, "show", f"{full}:{dvc_file}"), f"{dvc_file} at {rev}")
+    text = target_text(root, full, rev, dvc_file, data_dir)  # only data/, before anything
+    md5 = _md5_of(text.decode(), f"{dvc_file} at {rev}")
     with build_lock(root, lock_timeout):
         saved = (root / dvc_file).read_bytes() if (root / dvc_file).exists() else None
         try:
@@ -79,7 +113,7 @@ def rollback(
             data.rename(aside)
         repo = None
         try:
-            _git(root, "checkout", full, "--", dvc_file)
+            (root / dvc_file).write_bytes(text)  # not `git checkout`: the index stays as it was
             repo = _repo(root)
             repo.checkout(targets=[str(root / dvc_file)], force=True)
             if file_md5s(data) != listing(root, md5):

@@ -5,7 +5,8 @@
   and pull work offline.
 * `publish(folder, root)` (in rcgrpo.data.publishing): swap a validated folder into `data/`, `dvc add`,
   git-commit data.dvc, `dvc push`, under the build lock and recoverable after a kill.
-* `check_data_dir(root, data_dir)`: only the tracked data folder or a new one may be published.
+* `check_data_dir(root, data_dir, remote)`: only the tracked data folder or a new one may be
+  published, and only a new folder or a DVC remote outside the project's tracked files pushed to.
 * `versions(root)`: every commit of data.dvc (rev, date, md5, rows per split and label).
 * `rollback(rev, root)` (in rcgrpo.data.rollback): back to the version committed at <rev>, byte for
   byte, and leaving data.dvc and data/ as they were on any failure.
@@ -57,7 +58,12 @@ def _repo(root: Path, config: dict | None = None):
 
 
 def init_project(root: str | Path, remote: str = "dvc_remote") -> None:
-    """Make `root` (a git work tree) a DVC project with the offline defaults (idempotent)."""
+    """Make `root` (a git work tree) a DVC project with the offline defaults (idempotent).
+
+    `remote` becomes the committed remote only when the project has none yet: `dataset.remote`
+    of one build (`--set remote=X`) is a one-off push target (publish's `remote`), never written
+    into .dvc/config, so a later build or rollback still finds the project's own remote. To
+    move the remote for good: `dvc remote modify local url <path>` and commit .dvc/config."""
     root = Path(root).resolve()
     if _git(root, "rev-parse", "--is-inside-work-tree", check=False) != "true":
         raise VersioningError(f"{root} is not a git work tree: run `git init` there first")
@@ -70,11 +76,15 @@ def init_project(root: str | Path, remote: str = "dvc_remote") -> None:
     from dvc.config_schema import RelPath  # saved relative to .dvc/, as `dvc remote add` does
 
     repo = _repo(root)
+    wanted = {"analytics": False, "site_cache_dir": os.path.join(".dvc", "site_cache")}
     with repo.config.edit() as conf:  # .dvc/config, committed with the project
-        conf["core"]["analytics"] = False
-        conf["core"]["site_cache_dir"] = os.path.join(".dvc", "site_cache")
-        conf["core"]["remote"] = REMOTE_NAME
-        conf["remote"][REMOTE_NAME] = {"url": RelPath(url)}
+        if {k: conf["core"].get(k) for k in wanted} != wanted:
+            conf["core"].update(wanted)
+        if REMOTE_NAME not in conf["remote"]:  # a new project: its remote; never a one-off
+            conf["core"]["remote"] = REMOTE_NAME
+            conf["remote"][REMOTE_NAME] = {"url": RelPath(url)}
+        else:
+            url = str(_remote_dir(root))
     repo.close()
     # The site cache holds machine-local state dbs: never commit it (dvc init ignores only
     # config.local, tmp and cache).
@@ -88,7 +98,9 @@ def init_project(root: str | Path, remote: str = "dvc_remote") -> None:
 def staging_dir(root: str | Path) -> Path:
     """A fresh folder for a build in progress: inside .dvc/tmp (git- and DVC-ignored), on the
     same filesystem as data/ so the final swap is a rename."""
-    path = Path(root) / ".dvc" / "tmp" / f"rcgrpo-staging-{uuid.uuid4().hex[:12]}"
+    # the pid names the owner: once it is gone, the next build removes the folder (journal.py)
+    name = f"rcgrpo-staging-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    path = Path(root) / ".dvc" / "tmp" / name
     path.mkdir(parents=True)
     return path
 
@@ -143,17 +155,20 @@ def _rows(manifest: dict) -> dict:
     }
 
 
-def check_data_dir(root: str | Path, data_dir: str = "data") -> Path:
+def check_data_dir(root: str | Path, data_dir: str = "data", remote: str | None = None) -> Path:
     """`data_dir` may only be the DVC-tracked data folder (its `<data_dir>.dvc` exists) or a new
     one (absent or empty), inside the project and outside .git, .dvc and the remote: publish
     renames it aside and deletes it, so any other folder (the remote, src/, ...) is refused
-    before anything is touched. Returns the absolute path."""
+    before anything is touched. `remote` (a build's dataset.remote) is checked too
+    (`check_remote`). Returns the absolute path."""
     root = Path(root).resolve()
     path = (root / data_dir).resolve()
     where = f"dataset.data_dir={data_dir}"
     if path == root or not path.is_relative_to(root):
         raise VersioningError(f"{where}: must be a folder inside the project {root}")
     guarded = [root / ".git", root / ".dvc", _remote_dir(root)]
+    if remote is not None:
+        guarded.append(check_remote(root, remote, data_dir))
     if any(path.is_relative_to(g) or g.is_relative_to(path) for g in guarded):
         raise VersioningError(f"{where}: {path} holds or is git/DVC state or the DVC remote")
     tracked = (root / f"{data_dir}.dvc").exists()
@@ -165,13 +180,46 @@ def check_data_dir(root: str | Path, data_dir: str = "data") -> Path:
     return path
 
 
-def push(root: str | Path, data_dir: str = "data") -> None:
-    """dvc push the version data.dvc names to the default (local) remote."""
-    repo = _repo(Path(root).resolve())
+def remote_path(root: Path, remote: str) -> Path:
+    """A dataset.remote folder as an absolute path (relative ones are the project's)."""
+    return (root / remote).resolve() if not Path(remote).is_absolute() else Path(remote).resolve()
+
+
+def check_remote(root: str | Path, remote: str, data_dir: str = "data") -> Path:
+    """A push target may be the project's remote, a new (absent or empty) folder, or one that
+    holds only DVC objects; never the project, .git, .dvc, data_dir or a folder git tracks files
+    in (`--set remote=src` would fill src/ with objects). Returns the absolute path."""
+    root = Path(root).resolve()
+    path, where = remote_path(root, remote), f"dataset.remote={remote}"
+    if path == _remote_dir(root):
+        return path
+    data = (root / data_dir).resolve()
+    for what, g in (("the project", root), ("git state", root / ".git"),
+                    ("DVC state", root / ".dvc"), ("the data folder", data)):  # fmt: skip
+        if path == g or g.is_relative_to(path) or (g != root and path.is_relative_to(g)):
+            raise VersioningError(f"{where}: {path} is or holds {what}; pick another folder")
+    if path.is_relative_to(root) and _git(root, "ls-files", "--", str(path), check=False):
+        raise VersioningError(f"{where}: git tracks files in {path}; pick another folder")
+    objects = {"files", "tmp"}  # DVC 3 (files/md5/..) and DVC 2 (2-hex folders) layouts
+    if path.exists() and (not path.is_dir() or any(
+            p.name not in objects and not (len(p.name) == 2 and p.is_dir())
+            for p in path.iterdir())):  # fmt: skip
+        raise VersioningError(
+            f"{where}: {path} exists and is not a DVC remote (only files/ may be in it)"
+        )
+    return path
+
+
+def push(root: str | Path, data_dir: str = "data", remote: str | None = None) -> None:
+    """dvc push the version data.dvc names to the project's remote, or to `remote` (a one-off
+    push target, passed to DVC for this push only: .dvc/config is not changed)."""
+    root = Path(root).resolve()
+    target = remote_path(root, remote) if remote else _remote_dir(root)
+    repo = _repo(root, {"remote": {REMOTE_NAME: {"url": str(target)}}} if remote else None)
     try:
-        repo.push([str(Path(root).resolve() / f"{data_dir}.dvc")])
+        repo.push([str(root / f"{data_dir}.dvc")])
     except Exception as e:
-        raise VersioningError(f"dvc push to {_remote_dir(Path(root))} failed: {e}") from e
+        raise VersioningError(f"dvc push to {target} failed: {e}") from e
     finally:
         repo.close()
 

@@ -34,6 +34,7 @@ from typing import Literal
 
 from rcgrpo.bfcl.tasks import CATEGORIES, Task, tasks_in
 from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.config import ranged
 from rcgrpo.evaluation.export import write_bfcl_results
 from rcgrpo.evaluation.stats import summarise
 
@@ -50,12 +51,15 @@ class EvalConfig:
     split: Literal["train", "test"] = "test"  # held-out tasks are "test" (80)
     protocol: Literal["trained", "bfcl", "combined"] = "trained"  # trained: the model's own
     other_protocol: bool = True  # also score tokens[0] in the other protocol, reported beside
-    temperature: float = 0.0  # 0 = greedy (bfcl-eval runs at ~0); > 0 samples, seed per pass
+    # 0 = greedy (bfcl-eval runs at ~0); > 0 samples, seed per pass
+    temperature: float = ranged(0.0, "[0, inf)")
     tokens: tuple[str, ...] = ("high",)  # of "high", "low", "none"; high+low gives the gap
-    seeds: tuple[int, ...] = (0,)  # one full pass over the tasks per seed
-    categories: tuple[str, ...] = CATEGORIES  # BFCL multi-turn categories to include
+    seeds: tuple[int, ...] = ranged((0,), "[0, inf)")  # one full pass over the tasks per seed
+    # BFCL multi-turn categories to include
+    categories: tuple[Literal["base", "miss_func", "miss_param", "long_context"], ...] = CATEGORIES
     task_file: str = ""  # only the tasks of this dataset file (JSONL), e.g. the RL tasks
-    limit: int = 0  # first N tasks per category (0 = all), for quick checks only
+    # first N tasks per category (0 = all), for quick checks only
+    limit: int = ranged(0, "[0, inf)")
     model_name: str = "rcgrpo"  # folder name in the bfcl-eval result layout
     out_dir: str = "outputs/eval"  # report.json, outcomes.jsonl, bfcl_results/
 

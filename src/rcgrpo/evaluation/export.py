@@ -33,7 +33,10 @@ def export_form(text: str, names: frozenset[str]) -> str | None:
     parsed = parse_calls(text)
     if parsed.errors or len(parsed.calls) != 1 or parsed.calls[0].name not in names:
         return None
-    canonical = str(parsed.calls[0])
+    try:
+        canonical = str(parsed.calls[0])
+    except ValueError:  # an int Python will not print (4,300 digits): never reaches bfcl-eval
+        return None
     again = parse_calls(canonical)
     return canonical if not again.errors and again.calls == parsed.calls else None
 

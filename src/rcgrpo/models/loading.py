@@ -8,6 +8,9 @@ LoRA adapters (models/lora.py; the reward-token rows trained too through peft's
 the same input), and gradient checkpointing (on by default for the 7B/8B profiles: recomputing
 each layer in backward keeps one layer's activations instead of all). `save_policy` writes
 adapter (or full weights) + tokenizer; `load_policy(cfg, adapter_path=...)` reloads them.
+`resolve` says what `model.device: auto` and `model.dtype: auto` mean (bfloat16 on CUDA for the
+hub profiles, float32 on the CPU); `finish_policy` is everything after the weights are loaded, for
+a caller that builds its own model (scripts/gpu_paper_step.py: a randomly initialised 7B).
 
     .venv/bin/python -c "from rcgrpo.models.loading import *; from rcgrpo.models.profiles import ModelConfig; print(load_policy(ModelConfig()))"
 """
@@ -34,10 +37,16 @@ class Policy:
     model: Any
     tokenizer: Any
     reward_token_ids: dict[str, int]  # {"<|high_reward|>": id, "<|low_reward|>": id}
-    stop_id: int  # end-of-message token (<|im_end|>, <|eot_id|>)
-    config: ModelConfig
+    stop_id: int  # end-of-message token of the chat template (<|im_end|>, <|eot_id|>)
+    config: ModelConfig  # as resolved: a concrete device and dtype (never "auto")
     name: str  # profile name or path, for provenance
     compact_docs: bool
+    also_stop: tuple[int, ...] = ()  # other tokens that end a sampled message (<|eom_id|>)
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Every token that ends a sampled message: the template's, then the others."""
+        return (self.stop_id, *self.also_stop)
 
     @property
     def is_lora(self) -> bool:
@@ -93,42 +102,128 @@ def register_tokens(tokenizer, model, tokens: list[str], also_new: tuple[str, ..
             out.weight[new] = out.weight[:first].mean(0)
 
 
+def attention_implementation(cfg: ModelConfig) -> str:
+    """The attention of the training forwards: model.attention, or for "auto" the device's.
+
+    flash_attention_2 on CUDA with 16-bit weights when the flash-attn package is installed:
+    training forwards then pack each micro-batch into one padding-free row (varlen kernels,
+    rcgrpo.training.forward). Else sdpa: training rows are right-padded and run with no mask
+    (causal kernels, no dense (B, 1, T, T) mask); this is also the CPU's choice. The model is
+    loaded with sdpa either way (the transformers engine decodes with 4D masks, which
+    flash-attention cannot take); the trainers switch to flash for their updates only
+    (rcgrpo.training.forward.training_attention)."""
+    import importlib.util
+
+    import torch
+
+    if cfg.attention != "auto":
+        return cfg.attention
+    cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+    hub = PROFILES[cfg.profile].source in ("hub", "gguf")
+    dtype = ("bfloat16" if cuda and hub else "float32") if cfg.dtype == "auto" else cfg.dtype
+    half = dtype != "float32"  # flash-attention has no fp32 kernels (auto: as `resolve` picks)
+    if cuda and half and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+# Tokens that end an assistant message, the chat template's own first. Llama 3.1 in its tool
+# ("Environment: ipython") mode ends a tool call with <|eom_id|> (end of message: a tool result
+# follows) instead of <|eot_id|>; without it as a stop token, sampling ran on past the call.
+STOP_TOKENS = ("<|im_end|>", "<|eot_id|>")
+ALSO_STOP = ("<|eom_id|>",)
+
+
+def stop_tokens(tokenizer) -> tuple[int, tuple[int, ...]]:
+    """(the template's end-of-message id, the other ids that end a sampled message)."""
+    vocab = tokenizer.get_vocab()
+    stop = next(t for t in STOP_TOKENS if t in vocab)
+    also = tuple(tokenizer.convert_tokens_to_ids(t) for t in ALSO_STOP if t in vocab)
+    return tokenizer.convert_tokens_to_ids(stop), also
+
+
+def resolve(cfg: ModelConfig) -> ModelConfig:
+    """cfg with a concrete device and dtype, what `auto` means:
+    device auto -> "cuda" when torch sees a GPU, else "cpu"; a bare "cuda" -> "cuda:<current
+    device>" (under a launcher, rcgrpo.training.distributed.local_device set it from LOCAL_RANK
+    before loading). dtype auto -> bfloat16 on CUDA for the pretrained profiles (hub, GGUF: a 7B
+    model's weights are 15 GB instead of 30, matmuls run on the bf16 tensor cores, vLLM serves
+    bf16; LoRA adapters stay float32, peft's autocast_adapter_dtype), float32 otherwise: on the
+    CPU (bf16 matmuls there are slow, and every CPU test compares float32 numbers) and for the
+    built-here test models (tiny, qwen-shape)."""
+    import torch
+
+    device = cfg.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
+    dtype = cfg.dtype
+    if dtype == "auto":
+        hub = PROFILES[cfg.profile].source in ("hub", "gguf")
+        dtype = "bfloat16" if device.startswith("cuda") and hub else "float32"
+    if not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise ValueError(
+            f"model.dtype {cfg.dtype!r} is not a torch dtype (auto, float32, bfloat16)"
+        )
+    return dataclasses.replace(cfg, device=device, dtype=dtype)
+
+
 def load_policy(cfg: ModelConfig, adapter_path: str | Path | None = None) -> Policy:
     """Load the base model of `cfg`, register the reward tokens, fix the chat template, and
     apply LoRA; with `adapter_path` (a save_policy folder) restore what was trained there."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    cfg = resolve(cfg)
     adapter = Path(adapter_path) if adapter_path else None
     if adapter is not None and not (adapter / POLICY_FILE).exists():
         raise FileNotFoundError(
             f"{adapter} is not a saved policy (no {POLICY_FILE}): pass a folder written by "
             "rcgrpo.models.loading.save_policy"
         )
-    profile = PROFILES[cfg.profile]
-    use_lora = profile.lora if cfg.lora is None else cfg.lora
     source = base_source(cfg)
     full = adapter is not None and not json.loads((adapter / POLICY_FILE).read_text())["lora"]
     weights = str(adapter) if full else source  # a full fine-tune reloads all its weights
-    if adapter is not None:  # the saved policy, not the config, says whether it is LoRA
-        use_lora = not full
-    dtype = getattr(torch, cfg.dtype)
+    # straight onto this process's GPU (under a launcher: its own, cuda:LOCAL_RANK), never
+    # through another device first
+    device_map = cfg.device if cfg.device.startswith("cuda") else None
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(adapter) if adapter else source)
+        train_attention = attention_implementation(cfg)
         model = AutoModelForCausalLM.from_pretrained(
-            weights, config=model_config(cfg, weights), dtype=dtype
-        )
+            weights, config=model_config(cfg, weights), dtype=getattr(torch, cfg.dtype),
+            attn_implementation="sdpa" if "flash" in train_attention else train_attention,
+            device_map=device_map,
+        )  # fmt: skip
+        model.training_attention = train_attention  # what the trainers' updates run with
     except OSError as e:
         raise FileNotFoundError(
-            f"could not load model {weights!r} for profile {cfg.profile!r} ({e}). The hub is "
-            "offline here: download it on a connected machine into the HF cache, or set "
-            "model.path to a local folder"
+            f"could not load model {weights!r} for profile {cfg.profile!r} ({e}). A hub id is "
+            "downloaded into the HF cache unless HF_HUB_OFFLINE=1 or the hub is unreachable: "
+            "download it on a connected machine, or set model.path to a local folder"
         ) from None
+    # the saved policy, not the config, says whether it is LoRA
+    lora_path = adapter if adapter is not None and not full else None
+    return finish_policy(model, tokenizer, cfg, lora_path, reload=adapter is not None)
+
+
+def finish_policy(model, tokenizer, cfg: ModelConfig, lora_path: Path | None = None,
+                  reload: bool = False) -> Policy:  # fmt: skip
+    """Everything after the weights: the chat template, the reward tokens, gradient
+    checkpointing, LoRA (a fresh adapter, or the one saved at lora_path), the device.
+    reload: the tokenizer and weights come from a saved policy (its reward tokens already
+    registered in the tokenizer; over fresh base weights their rows are new)."""
+    cfg = resolve(cfg)
+    profile = PROFILES[cfg.profile]
+    use_lora = lora_path is not None or (
+        not reload and (profile.lora if cfg.lora is None else cfg.lora)
+    )
     if not _renders_tools(tokenizer):
         tokenizer.chat_template = PROJECT_TEMPLATE
     native = tokenizer.chat_template != PROJECT_TEMPLATE
     # A LoRA reload: the saved tokenizer has the reward tokens, the base weights are fresh.
-    also_new = REWARD_TOKENS if adapter is not None and not full else ()
+    also_new = REWARD_TOKENS if lora_path is not None else ()
     register_tokens(
         tokenizer, model, [*REWARD_TOKENS, *(() if native else ("<|im_end|>",))], also_new
     )
@@ -136,18 +231,22 @@ def load_policy(cfg: ModelConfig, adapter_path: str | Path | None = None) -> Pol
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     reward_ids = {t: tokenizer.convert_tokens_to_ids(t) for t in REWARD_TOKENS}
-    stop = next(t for t in ("<|im_end|>", "<|eot_id|>") if t in tokenizer.get_vocab())
+    stop_id, also_stop = stop_tokens(tokenizer)
     checkpointing = profile.gradient_checkpointing
     if cfg.gradient_checkpointing is not None:
         checkpointing = cfg.gradient_checkpointing
     if checkpointing:  # acts in train mode only: rollouts and evaluation (eval mode) are unchanged
         # non-reentrant: works under peft without enable_input_require_grads (frozen embeddings)
-        model.activation_checkpointing_enable({"use_reentrant": False})
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable({"use_reentrant": False})
+        else:  # transformers before the rename (5.17 on the lent GPU box)
+            model.gradient_checkpointing_enable({"use_reentrant": False})
     if use_lora:
-        if adapter is not None and not full:
+        if lora_path is not None:
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+            model = PeftModel.from_pretrained(model, str(lora_path), is_trainable=True)
         else:
             from rcgrpo.models.lora import apply_lora
 
@@ -157,10 +256,11 @@ def load_policy(cfg: ModelConfig, adapter_path: str | Path | None = None) -> Pol
         model=model,
         tokenizer=tokenizer,
         reward_token_ids=reward_ids,
-        stop_id=tokenizer.convert_tokens_to_ids(stop),
+        stop_id=stop_id,
         config=cfg,
         name=cfg.path or cfg.profile,
         compact_docs=profile.compact_docs if cfg.compact_docs is None else cfg.compact_docs,
+        also_stop=also_stop,
     )
 
 

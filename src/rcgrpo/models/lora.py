@@ -40,7 +40,12 @@ def add_reference_adapter(model) -> str:
     the RL reference is the policy RL starts from, i.e. base + the fine-tuned adapter, so
     `disable_adapter()` (the pre-fine-tuning base, reward-token rows at their mean init) would be
     the wrong model. The copy costs the adapter's size (MBs), not a second base (15 GB on 7B).
-    Forward through it inside `using_adapter(model, name)`."""
+    Forward through it inside `using_adapter(model, name)`.
+
+    What trains is left as it was: peft's set_adapter marks every parameter of the adapter it
+    activates trainable, which undid a freeze made before (the vLLM engine's frozen reward-token
+    rows, rollout/vllm_engine.freeze_reward_rows: they trained and the server restarted every
+    step). So each existing parameter's requires_grad is restored after the switch."""
     import copy
 
     from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
@@ -48,13 +53,14 @@ def add_reference_adapter(model) -> str:
     active = model.active_adapter
     if REFERENCE_ADAPTER in model.peft_config:  # a second trainer on this model: the model now
         model.delete_adapter(REFERENCE_ADAPTER)
+    trains = {name: p.requires_grad for name, p in model.named_parameters()}
     model.add_adapter(REFERENCE_ADAPTER, copy.deepcopy(model.peft_config[active]))
     state = get_peft_model_state_dict(model, adapter_name=active, save_embedding_layers=False)
     set_peft_model_state_dict(model, state, adapter_name=REFERENCE_ADAPTER)
     model.set_adapter(active)  # add_adapter may switch; the trained adapter stays active
     for name, p in model.named_parameters():
-        if f".{REFERENCE_ADAPTER}" in name:
-            p.requires_grad_(False)
+        # the reference never trains; the rest as before the switch
+        p.requires_grad_(trains.get(name, False) and f".{REFERENCE_ADAPTER}" not in name)
     return REFERENCE_ADAPTER
 
 

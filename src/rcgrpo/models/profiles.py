@@ -13,12 +13,16 @@ once), `qwen2.5-7b-instruct`, `llama-3.1-8b-instruct` (hub ids, GPU machines).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+from rcgrpo.config import ranged
 
 LORA_TARGETS = {  # per architecture (config.model_type): attention + MLP projections
     "qwen2": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
 }
 POLICY_FILE = "rcgrpo_policy.json"  # written by save_policy next to the weights
+ATTENTION = ("auto", "sdpa", "flash_attention_2", "eager")  # model.attention values
 
 
 @dataclass(frozen=True)
@@ -75,18 +79,25 @@ class ModelConfig:
     profile: str = "tiny"  # one of PROFILES
     path: str = ""  # hub id or local folder overriding the profile's source ("" = profile's)
     lora: bool | None = None  # LoRA adapters (None = profile default; tiny trains all weights)
-    lora_r: int = 16  # LoRA rank
-    lora_alpha: int = 32  # LoRA scale numerator (scale = alpha / r)
-    lora_dropout: float = 0.0  # dropout on the LoRA input
+    lora_r: int = ranged(16, "[1, inf)")  # LoRA rank
+    lora_alpha: int = ranged(32, "(0, inf)")  # LoRA scale numerator (scale = alpha / r)
+    lora_dropout: float = ranged(0.0, "[0, 1)")  # dropout on the LoRA input
     lora_target_modules: tuple[str, ...] = ()  # () = LORA_TARGETS[model_type]
     train_reward_rows: bool = True  # with LoRA, also train the 2 reward-token embedding rows
     compact_docs: bool | None = None  # signature-only tool docs (None = profile default)
     gradient_checkpointing: bool | None = None  # recompute activations in backward (None = profile)
-    dtype: str = "float32"  # torch dtype name; "bfloat16" on GPUs
-    device: str = "cpu"  # torch device for the policy
-    seed: int = 0  # seeds the tiny model's init and the LoRA init
+    # torch dtype; auto = bfloat16 on CUDA for hub/GGUF profiles, else float32
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # auto: flash_attention_2 on CUDA in 16-bit when flash-attn is installed (training packs
+    # micro-batches into padding-free rows), else sdpa (right-padded rows, no dense mask);
+    # rcgrpo.models.loading.attention_implementation
+    attention: Literal["auto", "sdpa", "flash_attention_2", "eager"] = "auto"
+    device: str = "auto"  # torch device for the policy; auto = cuda if available, else cpu
+    seed: int = ranged(0, "[0, inf)")  # seeds the tiny model's init and the LoRA init
 
     def __post_init__(self):
+        if self.attention not in ATTENTION:
+            raise ValueError(f"model.attention must be one of {ATTENTION}, got {self.attention!r}")
         if self.profile not in PROFILES:
             raise ValueError(
                 f"unknown model profile {self.profile!r}: pick one of {sorted(PROFILES)} "

@@ -132,7 +132,8 @@ class AgentLoop:
 
     def feed(self, sampled: list[int], logprobs: list[float]) -> None:
         """Append one sampled message (its stop token included if sampled), act on it."""
-        stopped = bool(sampled) and sampled[-1] == self.renderer.stop_id
+        # any end-of-message token the model sampled (<|eom_id|> too) is kept as sampled
+        stopped = bool(sampled) and sampled[-1] in self.renderer.stop_ids
         content_ids = sampled[:-1] if stopped else sampled
         self._append(sampled, 1, logprobs)
         if not stopped:  # cut by max_new: close the message with a forced (unsampled) stop

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from rcgrpo.bfcl.tasks import Task
 from rcgrpo.chat.prompts import Renderer
 from rcgrpo.chat.record import Provenance
+from rcgrpo.config import ranged
 from rcgrpo.rollout.agent_loop import AgentLoop, Limits, Rollout
 from rcgrpo.rollout.agent_loop import results as scored_results
 
@@ -30,18 +31,20 @@ class RolloutConfig:
 
     engine: str = "hf"  # "hf" (transformers generate loop) | "vllm" (vLLM server, own venv)
     protocol: str = "combined"  # "combined" (paper, Step 1..n + done()) | "bfcl" (turn by turn)
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0  # nucleus sampling mass
-    max_new_tokens: int = (
-        0  # per model message (0 = the model profile's, rcgrpo.models.profiles.PROFILES)
-    )
-    max_total_tokens: int = 0  # per episode: prompt + every turn (0 = the model profile's)
-    max_steps: int = 20  # model messages per turn (BFCL's step limit)
-    max_batch: int = 64  # most sequences in one batched generate call
+    temperature: float = ranged(1.0, "[0, inf)")  # 0 = greedy
+    top_p: float = ranged(1.0, "(0, 1]")  # nucleus sampling mass
+    # per model message (0 = the model profile's, rcgrpo.models.profiles.PROFILES)
+    max_new_tokens: int = ranged(0, "[0, inf)")
+    # per episode: prompt + every turn (0 = the model profile's)
+    max_total_tokens: int = ranged(0, "[0, inf)")
+    max_steps: int = ranged(20, "[1, inf)")  # model messages per turn (BFCL's step limit)
+    max_batch: int = ranged(64, "[1, inf)")  # most sequences in one batched generate call
     prefix_cache: bool = True  # hf: an episode's next message prefills only its new tokens
-    threads: int = 0  # hf on the CPU: torch threads while generating (0 = runtime.torch_threads)
-    vllm_gpu_memory_utilization: float = 0.6  # vllm only: share of GPU memory for the engine
-    vllm_max_lora_rank: int = 64  # vllm only: upper bound on the adapter rank
+    # hf on the CPU: torch threads while generating (0 = runtime.torch_threads)
+    threads: int = ranged(0, "[0, inf)")
+    # vllm only: share of GPU memory for the engine
+    vllm_gpu_memory_utilization: float = ranged(0.6, "(0, 1]")
+    vllm_max_lora_rank: int = ranged(64, "[1, inf)")  # vllm only: upper bound on the adapter rank
 
     def __post_init__(self):
         if self.engine not in ("hf", "vllm"):
@@ -99,7 +102,7 @@ class Engine:
     def __init__(self, cfg: RolloutConfig, policy):
         self.cfg = cfg.for_policy(policy)  # 0 token limits = the profile's budgets
         self.policy = policy
-        self.renderer = Renderer(policy.tokenizer, policy.stop_id)
+        self.renderer = Renderer(policy.tokenizer, policy.stop_id, getattr(policy, "also_stop", ()))
         self.generated_tokens = 0  # running count, for benchmarks and logs
 
     def generate(

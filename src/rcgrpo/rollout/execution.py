@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
-OBJECT_STORE_BYTES = 512 * 2**20  # a local Ray started here: bounded shared memory (2-core box)
+from rcgrpo.config import ranged
 
 
 @dataclass(frozen=True)
@@ -38,15 +38,18 @@ class ExecutionConfig:
     """params.yaml `execution:` section."""
 
     backend: Literal["local", "ray"] = "local"  # local: this process; ray: Ray actor workers
-    address: str = (
-        "auto"  # auto: running cluster (RAY_ADDRESS / ray start) else a local one; ray://host:10001
-    )
-    workers: int = 2  # Ray actors, each with its own policy and engine
-    cpus_per_worker: float = 1.0  # Ray CPUs reserved per worker
-    gpus_per_worker: float = 0.0  # Ray GPUs per worker (vLLM replicas on a GPU cluster)
-    memory_per_worker_gb: float = 2.0  # Ray memory reserved per worker (scheduling)
-    shard_size: int = 16  # episodes per shard, both backends (RL: rounded up to whole groups)
-    max_retries: int = 3  # restarts of a dead worker and retries of its shard
+    # local: a private cluster (0600 token); auto: RAY_ADDRESS or the `ray start` one, else
+    # private (never one found in `ps`); or ray://host:10001 (rcgrpo.rollout.ray_cluster)
+    address: str = "local"
+    workers: int = ranged(2, "[1, inf)")  # Ray actors, each with its own policy and engine
+    cpus_per_worker: float = ranged(1.0, "[0, inf)")  # Ray CPUs reserved per worker
+    # Ray GPUs per worker (vLLM replicas on a GPU cluster)
+    gpus_per_worker: float = ranged(0.0, "[0, inf)")
+    # Ray memory reserved per worker (scheduling)
+    memory_per_worker_gb: float = ranged(2.0, "[0, inf)")
+    # episodes per shard, both backends (RL: rounded up to whole groups)
+    shard_size: int = ranged(16, "[1, inf)")
+    max_retries: int = ranged(3, "[0, inf)")  # restarts of a dead worker and retries of its shard
 
     def __post_init__(self):
         if self.backend not in ("local", "ray"):
@@ -65,14 +68,24 @@ class RolloutSpec:
     rollout: object  # rcgrpo.rollout.engine.RolloutConfig
 
 
-def make_engine(cfg, policy):
-    """The engine a RolloutConfig names: "hf" (transformers) or "vllm" (imported only here)."""
+def make_engine(cfg, policy, device: str | None = None):
+    """The engine a RolloutConfig names: "hf" (transformers) or "vllm" (imported only here),
+    on `device` (default: the policy's). One process per GPU (rcgrpo.training.distributed):
+    each rank builds its own, on its own device. The HF engine samples from the policy's model
+    itself, so `device` must be the model's; a vLLM server is pinned to that GPU."""
+    device = policy.config.device if device in (None, "auto") else device
     if cfg.engine == "vllm":
         from rcgrpo.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(cfg, policy)
+        return VLLMEngine(cfg, policy, device=device)
     from rcgrpo.rollout.hf import HFEngine
 
+    model_device = str(next(policy.model.parameters()).device)
+    if device != model_device and not (device == "cuda" and model_device.startswith("cuda")):
+        raise ValueError(
+            f"the HF engine samples from the policy's model, which is on {model_device}, "
+            f"not on {device}: load the policy on the engine's device (model.device)"
+        )
     return HFEngine(cfg, policy)
 
 
@@ -117,22 +130,25 @@ class ShardedEngine:
 
         self.weights, self.version = ray.put(trainable_state(policy.model)), self.version + 1
 
-    def rollout(self, tasks, reward_tokens=None, protocol=None, seed=0):
+    def rollout(self, tasks, reward_tokens=None, protocol=None, seed=0, first_index=0):
+        """first_index: the episode index of tasks[0] in the whole call (a rank's share of an
+        RL step, rcgrpo.training.distributed), as in Engine.rollout."""
         if reward_tokens is None or isinstance(reward_tokens, str):
             reward_tokens = [reward_tokens] * len(tasks)
         ids = [t.id for t in tasks]
         bounds = shard_bounds(len(tasks), self.size, self.group)
+        at = first_index
         if self.local is not None:  # the same shards, in order, in this process
             out = []
             for s, e in bounds:
                 out += self.local.rollout(
-                    tasks[s:e], reward_tokens[s:e], protocol, seed, first_index=s
+                    tasks[s:e], reward_tokens[s:e], protocol, seed, first_index=at + s
                 )
             return out
         from ray.util import ActorPool
 
         pool = ActorPool(self.actors)
-        args = [(ids[s:e], reward_tokens[s:e], protocol, seed, s) for s, e in bounds]
+        args = [(ids[s:e], reward_tokens[s:e], protocol, seed, at + s) for s, e in bounds]
         weights = [self.weights]  # nested: resolved by the worker only when its version is old
         parts = pool.map(lambda a, x: a.rollout.remote(*x, self.version, weights), args)
         out = [r for part in parts for r in part]
@@ -215,28 +231,17 @@ def session(cfg: ExecutionConfig | None = None):
     if cfg.backend == "local":
         yield Backend(cfg)
         return
-    import ray
+    from rcgrpo.config import PROCESS_SETS_ENV
+    from rcgrpo.rollout.ray_cluster import connect
+    from rcgrpo.runtime import DEFAULTS
 
-    started = False
-    if not ray.is_initialized():
-        from rcgrpo.config import PROCESS_SETS_ENV
-        from rcgrpo.runtime import DEFAULTS
-
-        env_vars = dict(DEFAULTS)  # and the CLI's --set env.* for the actors' tool workers
-        if PROCESS_SETS_ENV in os.environ:
-            env_vars[PROCESS_SETS_ENV] = os.environ[PROCESS_SETS_ENV]
-        env = {"runtime_env": {"env_vars": env_vars}}
+    env_vars = dict(DEFAULTS)  # and the CLI's --set env.* for the actors' tool workers
+    if PROCESS_SETS_ENV in os.environ:
+        env_vars[PROCESS_SETS_ENV] = os.environ[PROCESS_SETS_ENV]
+    with connect(cfg, {"env_vars": env_vars}) as ray:  # which cluster: rollout/ray_cluster.py
+        backend = Backend(cfg, ray)
         try:
-            ray.init(address=cfg.address, **env)
-        except ConnectionError:  # auto and no running cluster: a local one, stopped at the end
-            ray.init(num_cpus=max(2, cfg.workers), object_store_memory=OBJECT_STORE_BYTES,
-                     include_dashboard=False, **env)  # fmt: skip
-        started = True
-    backend = Backend(cfg, ray)
-    try:
-        yield backend
-    finally:
-        for a in backend.actors:
-            ray.kill(a)
-        if started:
-            ray.shutdown()
+            yield backend
+        finally:
+            for a in backend.actors:
+                ray.kill(a)

@@ -111,6 +111,16 @@ class PrefixStore:
         return None
 
 
+def cache_kwarg(model) -> str:
+    """The forward's name for the K/V cache: `cache` (transformers >= 5.2x, where
+    `past_key_values` is deprecated) or `past_key_values` (5.17, the lent GPU box's, where an
+    unknown `cache=` was silently ignored and the prefill kept no K/V)."""
+    import inspect
+
+    params = inspect.signature(model.get_decoder().forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 class HFEngine(Engine):
     """Batched generation straight from the policy's model object (no copy: `sync` is free)."""
 
@@ -174,7 +184,8 @@ class HFEngine(Engine):
                 part.update(k, v, layer_idx)  # the cached prefix: positions 0..start-1
             ids = torch.tensor([prompts[i][start:] for i in rows], device=device)  # (g, n-start)
             self.prefilled_tokens += ids.numel()
-            out = model(input_ids=ids, cache=part, use_cache=True, logits_to_keep=1)
+            out = model(input_ids=ids, **{cache_kwarg(model): part}, use_cache=True,
+                        logits_to_keep=1)  # fmt: skip
             index = torch.tensor(rows, device=device)
             for layer, src in zip(cache.layers, part.layers, strict=True):
                 if not layer.is_initialized:  # allocates (B, kv heads, T, head dim) zeros
@@ -211,6 +222,7 @@ class HFEngine(Engine):
                 "sliding-window or linear-attention layers: use rollout.engine=vllm"
             )
         logits = self._prefill(model, prompts, cache, device)  # (B, V)
+        kw = cache_kwarg(model)
         lengths = torch.tensor([len(p) for p in prompts], device=device)  # (B,)
         mask = torch.arange(L + N, device=device) >= (L - lengths)[:, None]  # (B, T) prompt
         mask[:, L:] = False  # generated slots switch on one per step
@@ -222,12 +234,13 @@ class HFEngine(Engine):
         lps = torch.zeros((B, N), device=device)
         n_out = torch.zeros(B, dtype=torch.long, device=device)  # tokens kept per prompt
         done = torch.zeros(B, dtype=torch.bool, device=device)  # per running row
-        stop, temperature, top_p = self.policy.stop_id, self.cfg.temperature, self.cfg.top_p
+        stop = torch.tensor(self.renderer.stop_ids, device=device)  # any ends a message
+        temperature, top_p = self.cfg.temperature, self.cfg.top_p
         for t in range(N):
             tok = sample_next(logits, temperature, top_p, u[:, t])  # (b,)
             toks[rows, t] = tok
             lps[rows, t] = token_logprob(logits, tok)
-            finished = ~done & ((tok == stop) | (t + 1 >= limit))
+            finished = ~done & (torch.isin(tok, stop) | (t + 1 >= limit))
             n_out[rows[finished]] = t + 1
             done |= finished
             live = int((~done).sum())  # the one host sync per step
@@ -243,7 +256,7 @@ class HFEngine(Engine):
             mask[:, :, :, L + t] = True
             out = model(
                 input_ids=tok[:, None], attention_mask=mask, position_ids=(lengths + t)[:, None],
-                cache=cache, use_cache=True, logits_to_keep=1,
+                **{kw: cache}, use_cache=True, logits_to_keep=1,
             )  # fmt: skip
             logits = out.logits[:, -1]  # (b, V)
         self._store(cache, torch.arange(len(rows)), rows, prompts, toks, n_out, L)

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rcgrpo.rollout.engine import Engine, RolloutConfig, Sample
-from rcgrpo.rollout.vllm_server import VLLMServer, cuda
+from rcgrpo.rollout.vllm_server import VLLMServer, cuda, gpu_of
 
 BASE_NAME = "base"  # --served-model-name of the exported base weights
 
@@ -52,8 +52,12 @@ def freeze_reward_rows(policy) -> int:
 
 
 class VLLMEngine(Engine):
-    def __init__(self, cfg: RolloutConfig, policy, workdir: str | Path | None = None):
+    def __init__(self, cfg: RolloutConfig, policy, workdir: str | Path | None = None,
+                 device: str | None = None):  # fmt: skip
         super().__init__(cfg, policy)
+        # issue 20 (one process per GPU): the server runs on this device's GPU (cuda:i ->
+        # CUDA_VISIBLE_DEVICES of the server process, vllm_server.gpu_of); None: as before
+        self.device = device or getattr(policy.config, "device", None)
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="rcgrpo-vllm-"))
         self.version = 0
         self.model_name = BASE_NAME
@@ -77,7 +81,8 @@ class VLLMEngine(Engine):
             args += ["--max-loras", "2"]  # the new version loads before the old one unloads
         if cuda():
             args += ["--gpu-memory-utilization", str(self.cfg.vllm_gpu_memory_utilization)]
-        self.server = VLLMServer(self.base, args, self.workdir / "server.log")
+        self.server = VLLMServer(self.base, args, self.workdir / "server.log",
+                                 gpu=gpu_of(self.device))  # fmt: skip
         self.server.start()
         self.policy, self.model_name = policy, BASE_NAME
         if policy.is_lora:
@@ -139,7 +144,7 @@ class VLLMEngine(Engine):
             "top_p": self.cfg.top_p,
             "seed": seed % (1 << 31),
             "logprobs": 0,  # the sampled token's log-prob only
-            "stop_token_ids": [self.policy.stop_id],
+            "stop_token_ids": list(self.renderer.stop_ids),
             "skip_special_tokens": False,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,

@@ -12,6 +12,10 @@ CPU settings (../shared/stack-notes.md, measured): OMP_NUM_THREADS=1, VLLM_CPU_K
 small, --enforce-eager, and --no-enable-chunked-prefill (per-request seeds crash with chunked
 prefill on the CPU). VLLM_ALLOW_RUNTIME_LORA_UPDATING=True enables /v1/load_lora_adapter.
 
+One server per training rank (issue 20): `gpu` pins the server to one GPU through the
+CUDA_VISIBLE_DEVICES of its process (the physical id: `gpu_of` maps the rank's cuda:i through
+this process's own CUDA_VISIBLE_DEVICES), so 8 ranks start 8 servers on 8 GPUs, not on GPU 0.
+
     .venv/bin/python -c "from rcgrpo.rollout.vllm_server import ensure_venv; print(ensure_venv())"
 """
 
@@ -63,11 +67,23 @@ def cuda() -> bool:
     return which("nvidia-smi") is not None
 
 
+def gpu_of(device: str | None) -> str | None:
+    """The physical GPU id of torch device "cuda:i" (or "cuda": 0) for a child's
+    CUDA_VISIBLE_DEVICES: entry i of ours when set (e.g. "2,3" and cuda:1 -> "3"), else i;
+    None for a CPU device or none given."""
+    if not device or not str(device).startswith("cuda"):
+        return None
+    index = int(str(device).partition(":")[2] or 0)
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+    return visible[index] if visible else str(index)
+
+
 class VLLMServer:
     """One server process serving `model` (a transformers folder) at http://127.0.0.1:port."""
 
-    def __init__(self, model: str | Path, args: list[str], log: str | Path | None = None):
-        self.model, self.args = str(model), list(args)
+    def __init__(self, model: str | Path, args: list[str], log: str | Path | None = None,
+                 gpu: str | None = None):  # fmt: skip
+        self.model, self.args, self.gpu = str(model), list(args), gpu  # gpu: see gpu_of
         self.log_path = Path(log or tempfile.mkstemp(prefix="rcgrpo-vllm-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
         self.port = 0
@@ -86,6 +102,8 @@ class VLLMServer:
             DO_NOT_TRACK="1",
             HF_HUB_OFFLINE="1",
         )
+        if self.gpu is not None:  # this rank's GPU only (issue 20: one server per rank)
+            env["CUDA_VISIBLE_DEVICES"] = self.gpu
         cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port), *self.args]
         if not cuda():

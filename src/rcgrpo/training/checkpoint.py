@@ -18,7 +18,9 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import re
 import shutil
+import zipfile
 from pathlib import Path
 
 import torch
@@ -26,6 +28,7 @@ import torch
 from rcgrpo.runtime import replace_dir
 
 PREFIX = "step_"
+NAME = re.compile(rf"{PREFIX}(\d+)")  # step_000040; a step_final or step_x folder is not ours
 
 
 class CheckpointError(ValueError):
@@ -103,7 +106,9 @@ def save(
 
 
 def load(path: str | Path, model, optimizer=None, scheduler=None) -> dict:
-    """Restore a checkpoint folder into live objects; returns {"step", "extra"}."""
+    """Restore a checkpoint folder into live objects; returns {"step", "extra"}. A state.pt that
+    is truncated, not a torch file, or misses a part fails in one line (CheckpointError) that
+    names the folder and the earlier checkpoint to resume from, before anything is changed."""
     path = Path(path)
     if not (path / "state.pt").exists():
         raise FileNotFoundError(f"{path} holds no state.pt: not a checkpoint written by rcgrpo")
@@ -115,6 +120,11 @@ def load(path: str | Path, model, optimizer=None, scheduler=None) -> dict:
             f"{path / 'state.pt'} holds more than tensors and plain values, refused to load it "
             f"(not a checkpoint written by rcgrpo, or tampered with): {first}"
         ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as e:
+        raise _unreadable(path, str(e) or type(e).__name__) from None
+    parts = ("step", "model", "optimizer", "scheduler", "rng", "extra")
+    if not isinstance(state, dict) or any(k not in state for k in parts):
+        raise _unreadable(path, f"not the parts of an rcgrpo checkpoint {list(parts)}")
     params = dict(model.named_parameters())
     missing = sorted(set(state["model"]) - set(params))
     if missing:
@@ -130,15 +140,28 @@ def load(path: str | Path, model, optimizer=None, scheduler=None) -> dict:
     return {"step": state["step"], "extra": state["extra"]}
 
 
+def _unreadable(path: Path, why: str) -> CheckpointError:
+    steps = _steps(path.parent)
+    earlier = steps[: steps.index(path)] if path in steps else steps
+    then = f"to resume from {earlier[-1].name}" if earlier else "to start over"
+    return CheckpointError(
+        f"{path / 'state.pt'} is truncated or corrupt ({why.strip().splitlines()[0][:160]}): "
+        f"move {path} away {then}; nothing was loaded"
+    )
+
+
+def _steps(folder: Path) -> list[Path]:
+    """The step_<n> checkpoint folders holding a state.pt, by step (other names ignored)."""
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if NAME.fullmatch(p.name) and (p / "state.pt").is_file()]
+    return sorted(found, key=lambda p: int(NAME.fullmatch(p.name).group(1)))
+
+
 def latest(run_dir: str | Path) -> Path | None:
     """The checkpoint folder with the highest step under run_dir/checkpoints, or None."""
-    folder = Path(run_dir) / "checkpoints"
-    found = (
-        [p for p in folder.glob(f"{PREFIX}*") if (p / "state.pt").exists()]
-        if folder.exists()
-        else []
-    )
-    return max(found, key=lambda p: int(p.name[len(PREFIX) :]), default=None)
+    found = _steps(Path(run_dir) / "checkpoints")
+    return found[-1] if found else None
 
 
 def path_for(run_dir: str | Path, step: int) -> Path:

@@ -17,14 +17,26 @@ and losses of 2 gloo CPU processes equal 1 process to 1e-6). A rank with fewer m
 than the others (a batch of M micro-batches, M not a multiple of the world size) runs a
 zero-weight copy of one, so every rank joins the same number of all-reduces.
 
-RL rollouts (rcgrpo.training.grpo.trainer): rank 0 samples the whole batch and broadcasts the rollouts;
-the other ranks wait. The rollouts are then exactly those of a 1-process run (the engine's
-sampling stream is seeded per call, so splitting the tasks could change them), and
-multi-node rollout scaling is the Ray backend's job (rcgrpo.rollout.execution). Only the update is
-sharded. Checkpoints, the final model and logged metrics are written by rank 0 only.
+Devices: each rank binds its GPU from LOCAL_RANK before anything is loaded (`local_device`:
+model.device auto/cuda -> cuda:LOCAL_RANK, torch.cuda.set_device), so the weights load straight
+onto it, never onto GPU 0 first.
+
+RL (rcgrpo.training.grpo): every rank owns its rollout engine on its own device (the HF engine
+runs on the rank's model; a vLLM server is pinned to the rank's GPU, rollout/vllm_server.py).
+A step's groups are split between the ranks (`group_share`: contiguous whole groups) and each
+rank rolls out its share with the episode indices of the whole batch (Engine.rollout's
+first_index), so every episode has the seeds it has in one process; the sampled ids, loss masks
+and log-probs are then gathered (`gather`, in rank order = the 1-process order). pi_old and the
+reference log-probs are sharded like the update: a rank computes them for the micro-batches it
+trains on in the first PPO pass, and one all-reduce (`merge`) gives every rank the whole batch's
+(later passes reshuffle). The process-group timeout covers the longest wait, one rank's rollout
+(`collective_timeout_s`, from the rollout budget; NCCL's default 10 min would kill a long one).
+Checkpoints, the final model and logged metrics are written by rank 0 only.
 
     accelerate launch --num_processes 8 -m rcgrpo.cli train rctp --model-set profile=qwen2.5-7b-instruct
-    accelerate launch --num_processes 8 -m rcgrpo.cli train rl      # RL: rank 0 rolls out
+    accelerate launch --num_processes 8 -m rcgrpo.cli train rl      # RL: every rank rolls out
+    torchrun --nproc_per_node 8 -m rcgrpo.cli train rl                # the same with torchrun
+    rcgrpo run --procs 8 --preset paper ...     # the pipeline, its training stages on 8 ranks
     accelerate launch --multi_gpu --num_processes 2 -m rcgrpo.cli train sft   # CPU box: gloo
 
 On GPUs accelerate turns --multi_gpu on by itself (8 processes, 8 GPUs, nccl). On a CPU-only
@@ -40,14 +52,57 @@ tested), and saving the final model from FSDP shards is untested.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 
 import torch
 
+MIN_TIMEOUT_S = 1800.0  # the process-group timeout is never shorter (30 min)
+DECODE_STEPS_PER_S_FLOOR = 10.0  # a slow GPU's decode steps per second (7B, 64 rows, long K/V)
 
-def for_training(model: torch.nn.Module, optimizer, params: list) -> Ranks | Single:
-    """The ranks of this training loop: `Ranks` under `accelerate launch`, else `Single`."""
-    return Ranks(model, optimizer) if launched() else Single(model, params)
+
+def for_training(model: torch.nn.Module, optimizer, params: list,
+                 timeout_s: float = MIN_TIMEOUT_S) -> Ranks | Single:  # fmt: skip
+    """The ranks of this training loop: `Ranks` under `accelerate launch` / torchrun (with a
+    process-group timeout of timeout_s), else `Single`."""
+    return Ranks(model, optimizer, timeout_s) if launched() else Single(model, params)
+
+
+def local_device(device: str) -> str:
+    """The device this process loads and trains on. Under a launcher with GPUs, "auto" and
+    "cuda" mean cuda:LOCAL_RANK, made the current device here, before anything is loaded;
+    without GPUs the ranks run on the CPU. One process: the device as given."""
+    if not launched():
+        return device
+    cuda = device in ("auto", "cuda") and torch.cuda.is_available()
+    if not cuda and device.startswith("cuda"):
+        raise ValueError(
+            f"model.device={device} under a launcher of {os.environ['WORLD_SIZE']} processes "
+            "would put every rank on one GPU: set model.device to cuda or auto (cuda:LOCAL_RANK)"
+        )
+    if not cuda:
+        return "cpu" if device == "auto" else device
+    index = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(index)
+    return f"cuda:{index}"
+
+
+def group_share(n_groups: int, rank: int, world: int) -> tuple[int, int]:
+    """[start, end) of the groups rank `rank` of `world` rolls out: contiguous, sizes differ
+    by at most one, the first ranks take the extra (7 groups on 2 ranks: (0, 4), (4, 7))."""
+    base, extra = divmod(n_groups, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (rank < extra)
+
+
+def collective_timeout_s(episodes: int, max_batch: int, max_total_tokens: int) -> float:
+    """Seconds a rank may wait in a collective for the slowest rank's rollout: its episodes run
+    in ceil(episodes / max_batch) batches, each at most max_total_tokens decode steps, at a
+    floor of DECODE_STEPS_PER_S_FLOOR steps per second; never under MIN_TIMEOUT_S. The paper
+    preset on 8 ranks (160 episodes, batches of 64, 81,920 tokens): 24,576 s (6.8 h), where
+    NCCL's default 10 min would end a long rollout step as a hang."""
+    batches = math.ceil(max(episodes, 1) / max(max_batch, 1))
+    return max(MIN_TIMEOUT_S, batches * max_total_tokens / DECODE_STEPS_PER_S_FLOOR)
 
 
 def launched() -> bool:
@@ -63,11 +118,16 @@ def is_main() -> bool:
 class Ranks:
     """The accelerate glue of one training loop: the wrapped model, shares, backward, reduce."""
 
-    def __init__(self, model: torch.nn.Module, optimizer):
-        from accelerate import Accelerator
+    def __init__(self, model: torch.nn.Module, optimizer, timeout_s: float = MIN_TIMEOUT_S):
+        from datetime import timedelta
 
-        # reads the launcher's env (ranks, FSDP); without a GPU: processes on the CPU over gloo
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        from accelerate import Accelerator
+        from accelerate.utils import InitProcessGroupKwargs
+
+        # reads the launcher's env (ranks, FSDP); a model on the CPU: processes over gloo
+        cpu = next(model.parameters()).device.type == "cpu"
+        timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=timeout_s))
+        self.accelerator = Accelerator(cpu=cpu, kwargs_handlers=[timeout])
         if self.accelerator.num_processes < 2:  # launched, yet accelerate sees one process
             raise RuntimeError(
                 f"WORLD_SIZE={os.environ['WORLD_SIZE']} but accelerate set up "
@@ -111,12 +171,26 @@ class Ranks:
         t = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
         return self.accelerator.reduce(t, reduction="sum").tolist()
 
-    def broadcast(self, obj):
-        """Rank 0's Python object on every rank (the RL rollouts)."""
-        from accelerate.utils import broadcast_object_list
+    def group_share(self, n_groups: int) -> tuple[int, int]:
+        """[start, end) of the groups this rank rolls out (`group_share`)."""
+        return group_share(n_groups, self.rank, self.world)
 
-        box = [obj if self.rank == 0 else None]
-        return broadcast_object_list(box, from_process=0)[0]
+    def gather(self, obj) -> list:
+        """Every rank's Python object, in rank order, on every rank (the RL rollouts)."""
+        out = [None] * self.world
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def merge(self, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+        """Each tensor summed over the ranks (one all-reduce each, on the accelerator's device),
+        back on its own device: rows each rank filled alone (zeros elsewhere) become the whole
+        batch's on every rank."""
+        out = []
+        for t in tensors:
+            if t is not None:
+                t = self.accelerator.reduce(t.to(self.accelerator.device), "sum").to(t.device)
+            out.append(t)
+        return out
 
 
 class Single:
@@ -146,8 +220,14 @@ class Single:
     def sum(self, values: list[float]) -> list[float]:
         return list(values)
 
-    def broadcast(self, obj):
-        return obj
+    def group_share(self, n_groups: int) -> tuple[int, int]:
+        return 0, n_groups
+
+    def gather(self, obj) -> list:
+        return [obj]
+
+    def merge(self, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+        return list(tensors)
 
 
 class _Call(torch.nn.Module):

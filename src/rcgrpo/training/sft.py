@@ -9,12 +9,17 @@ Records are rendered once into token ids + an assistant-only mask by the agent l
 same tokens. The loss is summed over assistant tokens and divided by the number of assistant tokens
 of the whole optimizer batch, so gradient accumulation over micro-batches gives the gradient of
 one big batch; under `accelerate launch` the micro-batches are split between the ranks with the
-same normalisation (rcgrpo.training.distributed), so N processes make the 1-process update. LoRA or full fine-tuning is the model profile's choice (rcgrpo.models.profiles). The batch
-order is a function of (seed, epoch), so `resume` continues mid-epoch exactly.
+same normalisation (rcgrpo.training.distributed), so N processes make the 1-process update.
+Micro-batches hold `micro_batch_size` examples, or, with `max_tokens_per_micro_batch`, the
+batch's examples sorted by length and packed up to that many tokens (rcgrpo.training.batching;
+same gradient, far less padding: `train/pad_frac`). LoRA or full fine-tuning is the model
+profile's choice (rcgrpo.models.profiles). The batch order is a function of (seed, epoch), so
+`resume` continues mid-epoch exactly.
 
     rcgrpo train rctp                       # params.yaml `rctp:` + `model:` sections
     rcgrpo train sft --set epochs=1
     accelerate launch --num_processes 8 -m rcgrpo.cli train rctp   # 8 GPUs (rcgrpo.training.distributed)
+    torchrun --nproc_per_node 8 -m rcgrpo.cli train rctp            # the same with torchrun
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from typing import Literal
 import torch
 
 from rcgrpo.chat.record import HIGH, LOW, Trajectory
+from rcgrpo.config import ranged
+from rcgrpo.training.forward import with_training_attention
 
 LogMetrics = Callable[[dict, int], None]
 
@@ -39,18 +46,25 @@ class SFTConfig:
     mode: Literal["sft", "rctp"] = "rctp"  # rctp: mixed data + reward goals; sft: experts, no goal
     data: str = "data/rctp/train.jsonl"  # Trajectory JSONL (rcgrpo.chat.record)
     out_dir: str = "outputs/rctp"  # checkpoints/, final/ (the adapter or full model)
-    lr: float = 1e-5  # AdamW peak learning rate (paper: 1e-5)
-    batch_size: int = 16  # sequences per optimizer step (paper: 16)
-    micro_batch_size: int = 4  # sequences per forward pass; accumulation = batch / micro
-    epochs: int = 5  # passes over the data (paper: 5 for RCTP-FT, 2 for SFT)
-    max_len: int = 0  # longest rendered example kept; longer ones are dropped and counted
+    lr: float = ranged(1e-5, "(0, 1]")  # AdamW peak learning rate (paper: 1e-5)
+    batch_size: int = ranged(16, "[1, inf)")  # sequences per optimizer step (paper: 16)
+    # sequences per forward pass; accumulation = batch / micro
+    micro_batch_size: int = ranged(4, "[1, inf)")
+    # tokens per forward pass: the batch's examples sorted by length and packed up to this many
+    # computed tokens (padded, or packed under flash-attention); 0 = micro_batch_size examples
+    max_tokens_per_micro_batch: int = ranged(0, "[0, inf)")  # 0 = by count, micro_batch_size
+    epochs: int = ranged(5, "[1, inf)")  # passes over the data (paper: 5 for RCTP-FT, 2 for SFT)
+    # longest rendered example kept; longer ones are dropped and counted
+    max_len: int = ranged(0, "[0, inf)")
     # (0 = the model profile's sft_max_len, rcgrpo.models.profiles.PROFILES; a cut would lose the
     # assistant tokens at the end or the system prompt at the start)
-    warmup_ratio: float = 0.03  # linear warmup fraction of the steps, then linear decay to 0
-    weight_decay: float = 0.0  # AdamW weight decay
-    grad_clip: float = 1.0  # max global grad norm (0 = off)
-    save_every: int = 0  # checkpoint every N optimizer steps (0 = only the final model)
-    seed: int = 0  # batch order and any dropout
+    # linear warmup fraction of the steps, then linear decay to 0
+    warmup_ratio: float = ranged(0.03, "[0, 1)")
+    weight_decay: float = ranged(0.0, "[0, 1]")  # AdamW weight decay
+    grad_clip: float = ranged(1.0, "[0, inf)")  # max global grad norm (0 = off)
+    # checkpoint every N optimizer steps (0 = only the final model)
+    save_every: int = ranged(0, "[0, inf)")
+    seed: int = ranged(0, "[0, inf)")  # batch order and any dropout
 
     def __post_init__(self):
         if self.batch_size % self.micro_batch_size:
@@ -136,6 +150,7 @@ def lr_lambda(total: int, warmup_ratio: float):
     return f
 
 
+@with_training_attention  # flash-attention where chosen, for the whole loop (no generation here)
 def train_sft(
     model: torch.nn.Module,
     examples: list[tuple[torch.Tensor, torch.Tensor]],
@@ -145,7 +160,8 @@ def train_sft(
     pad_id: int = 0,
 ) -> list[dict]:
     """Fine-tune `model` in place on rendered examples; returns the per-step metrics."""
-    from rcgrpo.training import checkpoint, distributed
+    from rcgrpo.training import batching, checkpoint, distributed
+    from rcgrpo.training.forward import packs
 
     if not examples:
         raise ValueError(f"no training examples for mode {cfg.mode!r} in {cfg.data}")
@@ -162,6 +178,8 @@ def train_sft(
         start = checkpoint.load(ckpt, model, optimizer, scheduler)["step"]
     # under `accelerate launch` each rank takes its share of the micro-batches; else all of them
     ranks = distributed.for_training(model, optimizer, params)
+    packed = packs(model)  # flash-attention: a micro-batch is one padding-free row
+    dev = next(model.parameters()).device  # the rank's GPU under a launcher
     model.train()
     history = []
     for step in range(start, len(schedule)):
@@ -170,13 +188,16 @@ def train_sft(
         n_tokens = sum(int(m[1:].sum()) for _, m in batch)  # assistant targets in the batch
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        micro = [
-            batch[i : i + cfg.micro_batch_size] for i in range(0, len(batch), cfg.micro_batch_size)
-        ]
+        lengths = [len(x) for x, _ in batch]
+        if cfg.max_tokens_per_micro_batch:  # by tokens, longest first
+            groups = batching.micro_batches(lengths, cfg.max_tokens_per_micro_batch, packed)
+        else:
+            groups = batching.fixed_micro_batches(len(batch), cfg.micro_batch_size)
+        micro = [[batch[i] for i in g] for g in groups]
         # the global normalisation (n_tokens of the whole batch) on every rank, summed over them
         mine = ranks.share(micro)
         for k, (mb, weight) in enumerate(mine):
-            ids, mask, attn = pad(mb, pad_id)
+            ids, mask, attn = (t.to(dev) for t in pad(mb, pad_id))
             with ranks.syncing(k, len(mine)):  # forward and backward: DDP arms in forward
                 loss = ranks.forward(summed_ce, ids, mask, attn) / max(1, n_tokens) * weight
                 ranks.backward(loss)
@@ -196,6 +217,7 @@ def train_sft(
             "sft/tokens_per_s": seen / dt,
             "sft/assistant_tokens": float(n_tokens),
             "sft/step_time_s": dt,
+            "train/pad_frac": batching.pad_frac(lengths, groups, packed),
         }
         history.append(metrics)
         if log_metrics is not None and distributed.is_main():
@@ -241,6 +263,8 @@ def run_sft(
     cfg = dataclasses.replace(cfg, max_len=cfg.max_len or PROFILES[model_cfg.profile].sft_max_len)
     check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
     records = read_jsonl(cfg.data)  # before the model: a corrupt row fails in a second
+    # under a launcher: this rank's GPU (cuda:LOCAL_RANK), bound before anything loads
+    model_cfg = dataclasses.replace(model_cfg, device=distributed.local_device(model_cfg.device))
     policy = load_policy(model_cfg)
     examples = render_examples(policy, records, cfg)
     pad_id = policy.tokenizer.pad_token_id or 0

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rcgrpo.config import ranged
+
 
 @dataclass(frozen=True)
 class RLConfig:
@@ -20,25 +22,35 @@ class RLConfig:
     conditioning: Literal["none", "rc"] = "rc"  # rc: a sampled reward token per rollout
     advantage: Literal["grpo", "mean", "sign"] = "grpo"  # (R-mean)/std, R-mean, or 2R-1
     token_sampling: Literal["iid", "stratified"] = "iid"  # iid P(high)=p, or both per group
-    p_high: float = 0.5  # P(<|high_reward|>) per rollout (paper: 0.5)
-    group_size: int = 5  # rollouts per task, G (paper: 5)
-    tasks_per_step: int = 8  # groups per step; the batch is tasks_per_step * group_size rollouts
-    steps: int = 400  # RL steps, one rollout batch each (paper: "400 epochs")
-    inner_epochs: int = 1  # PPO passes over one step's rollouts (each pass: all mini-batches)
-    mini_batch_size: int = 0  # rollouts per optimizer step; 0 = the whole batch (1 update/pass)
-    micro_batch_size: int = 8  # rollouts per forward pass (gradient accumulation)
-    lr: float = 1e-6  # AdamW learning rate (paper: 1e-6), constant after warmup
-    warmup_steps: int = 0  # linear warmup, in RL steps (the lr changes once per RL step)
-    grad_clip: float = 1.0  # max global grad norm (0 = off)
-    clip_eps: float = 0.2  # PPO ratio clip (paper: 0.2)
-    kl_coef: float = 0.1  # beta of the KL to the frozen initial model (paper: 0.1)
+    p_high: float = ranged(0.5, "[0, 1]")  # P(<|high_reward|>) per rollout (paper: 0.5)
+    group_size: int = ranged(5, "[1, inf)")  # rollouts per task, G (paper: 5)
+    # groups per step; the batch is tasks_per_step * group_size rollouts
+    tasks_per_step: int = ranged(8, "[1, inf)")
+    steps: int = ranged(400, "[1, inf)")  # RL steps, one rollout batch each (paper: "400 epochs")
+    # PPO passes over one step's rollouts (each pass: all mini-batches)
+    inner_epochs: int = ranged(1, "[1, inf)")
+    # rollouts per optimizer step; 0 = the whole batch (1 update/pass)
+    mini_batch_size: int = ranged(0, "[0, inf)")
+    # rollouts per forward pass (gradient accumulation)
+    micro_batch_size: int = ranged(8, "[1, inf)")
+    # tokens per forward pass: rollouts sorted by length and packed up to this many computed
+    # tokens (padded, or packed under flash-attention); 0 = micro_batch_size rollouts instead
+    # (rcgrpo.training.batching; `rcgrpo plan` gives the largest that fits a GPU)
+    max_tokens_per_micro_batch: int = ranged(0, "[0, inf)")  # 0 = by count, micro_batch_size
+    lr: float = ranged(1e-6, "(0, 1]")  # AdamW learning rate (paper: 1e-6), constant after warmup
+    # linear warmup, in RL steps (the lr changes once per RL step)
+    warmup_steps: int = ranged(0, "[0, inf)")
+    grad_clip: float = ranged(1.0, "[0, inf)")  # max global grad norm (0 = off)
+    clip_eps: float = ranged(0.2, "(0, 1]")  # PPO ratio clip (paper: 0.2)
+    # beta of the KL to the frozen initial model (paper: 0.1)
+    kl_coef: float = ranged(0.1, "[0, inf)")
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # per-token KL estimator
     aggregation: Literal["token-mean", "seq-mean"] = "token-mean"  # loss average
     reward: Literal["paper", "bfcl"] = "paper"  # which checker's 0/1 is the training reward
     protocol: Literal["bfcl", "combined"] = "combined"  # combined = the paper's Step 1..n prompt
     tasks_from: str = "data/rctp/train.jsonl"  # RL tasks: those of this dataset file ("" = all 720)
-    save_every: int = 50  # checkpoint every N steps (0 = never)
-    seed: int = 0  # task draws, reward tokens, rollout sampling
+    save_every: int = ranged(50, "[0, inf)")  # checkpoint every N steps (0 = never)
+    seed: int = ranged(0, "[0, inf)")  # task draws, reward tokens, rollout sampling
     out_dir: str = "outputs/rl"  # checkpoints/, metrics.jsonl, final/
 
     def __post_init__(self):

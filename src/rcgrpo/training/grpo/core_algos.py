@@ -5,7 +5,8 @@
 * `group_advantages`: (R - mean)/(population std + eps) (the paper), mean-only, or sign 2R - 1.
 * `policy_loss`: PPO-clipped ratio + beta * KL(policy || reference) (k3 clamped as verl does),
   token- or sequence-mean.
-* `minibatch_indices`: PPO's passes -> mini-batches (optimizer steps) -> micro-batches.
+* `minibatch_indices`: PPO's passes -> mini-batches (optimizer steps) -> micro-batches (by count
+  or by token budget).
 * `token_logprobs` / `token_entropy`: from logits, for the loss.
 
 Nothing here touches a model or a file; tests/test_core_algos.py checks hand-computed values:
@@ -16,6 +17,7 @@ Nothing here touches a model or a file; tests/test_core_algos.py checks hand-com
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -197,6 +199,9 @@ def minibatch_indices(
     micro_batch_size: int,
     epochs: int = 1,
     generator: torch.Generator | None = None,
+    lengths: Sequence[int] | None = None,
+    max_tokens: int = 0,
+    packed: bool = False,
 ) -> list[list[list[torch.Tensor]]]:
     """PPO's schedule over a batch of n rollouts: `epochs` passes, each a list of mini-batches
     (one optimizer step each), each a list of micro-batch index tensors (one forward each).
@@ -205,14 +210,28 @@ def minibatch_indices(
     the rollouts in a fresh order drawn from `generator` (cleanrl's per-epoch shuffle): the batch
     is group-major, so an in-order split would give each update only a few tasks. With one
     mini-batch the order is kept: it cannot change the summed gradient.
+
+    Micro-batches: `micro_batch_size` rollouts each, in order; or, with max_tokens > 0 and the
+    rollouts' `lengths` (tokens), the mini-batch's rollouts sorted by length and packed up to
+    max_tokens computed tokens (rcgrpo.training.batching.micro_batches; `packed`: the forward
+    concatenates them without padding). The mini-batches are the same either way.
     """
+    from rcgrpo.training.batching import micro_batches
+
+    if max_tokens and (lengths is None or len(lengths) != n):
+        raise ValueError(f"token-budget micro-batches need the {n} rollout lengths")
+
+    def split(idx: torch.Tensor) -> list[torch.Tensor]:
+        if not max_tokens:
+            return list(idx.split(micro_batch_size))
+        groups = micro_batches([lengths[i] for i in idx.tolist()], max_tokens, packed)
+        return [idx[torch.tensor(g)] for g in groups]
+
     mini = min(mini_batch_size or n, n)
     passes = []
     for _ in range(epochs):
         order = torch.randperm(n, generator=generator) if mini < n else torch.arange(n)
-        passes.append(
-            [list(order[i : i + mini].split(micro_batch_size)) for i in range(0, n, mini)]
-        )
+        passes.append([split(order[i : i + mini]) for i in range(0, n, mini)])
     return passes
 
 

@@ -2,8 +2,11 @@
 the groups out through the engine, score them, and turn the rewards into group advantages.
 
 Every draw of step s comes from a generator seeded by (seed, s) (config.step_seed), so a
-resumed run draws exactly what an uninterrupted one did. Under `accelerate launch` rank 0 rolls
-out and the batch is broadcast, so every rank trains on the 1-process batch.
+resumed run draws exactly what an uninterrupted one did. Under `accelerate launch` / torchrun
+each rank rolls out its share of whole groups on its own engine, with the episode indices of the
+whole batch (so the 1-process seeds), scores them, and the ranks gather what training reads
+(`Sampled`: ids, loss mask, log-probs) and the scores, in rank order: every rank then holds the
+1-process batch (rcgrpo.training.distributed).
 
     .venv/bin/pytest tests/test_trainer.py -q
 """
@@ -21,16 +24,35 @@ from rcgrpo.training.grpo.core_algos import group_advantages, sample_reward_toke
 
 
 @dataclass
+class Sampled:
+    """What the update reads of one rollout, compact enough to gather across ranks (an RL
+    step of the paper preset: 1,280 episodes of 6-80k tokens; 9 bytes per token here)."""
+
+    ids: torch.Tensor  # (T,) int32 token ids, prompt and sampled
+    loss_mask: torch.Tensor  # (T,) int8, 1 where the policy sampled the token
+    logprobs: torch.Tensor  # (T,) float32 the engine's log-probs (0 where not sampled)
+
+    @classmethod
+    def of(cls, rollout) -> Sampled:
+        return cls(
+            torch.as_tensor(rollout.ids, dtype=torch.int32),
+            torch.as_tensor(rollout.loss_mask, dtype=torch.int8),
+            torch.as_tensor(rollout.logprobs, dtype=torch.float32),
+        )
+
+
+@dataclass
 class StepRollouts:
     """One step's rollouts, group-major: n tasks x G rollouts."""
 
     tasks: list  # (n,) the step's tasks
     tokens: list  # (n*G,) each rollout's reward token (None without conditioning)
-    rollouts: list  # (n*G,) engine Rollouts: ids, loss mask, sampling log-probs
+    rollouts: list  # (n*G,) Sampled: ids, loss mask, sampling log-probs (all ranks' shares)
     scores: list[tuple[int, int]]  # (n*G,) (paper 0/1, bfcl 0/1)
     rewards: torch.Tensor  # (n, G) the training reward (cfg.reward's checker)
     advantages: torch.Tensor  # (n*G,) group advantages
-    seconds: float  # wall time of the rollout
+    seconds: float  # wall time of the rollout (this rank's share, then the gather)
+    own: int = 0  # rollouts this rank sampled itself (all of them in one process)
 
 
 def draw(tasks: list, cfg: RLConfig, step: int) -> tuple[list, list]:
@@ -60,17 +82,24 @@ def score(task, rollout, protocol: str) -> tuple[int, int]:
 
 
 def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -> StepRollouts:
-    """The G rollouts of each task (rank 0 samples, every rank gets the batch), scored."""
+    """The G rollouts of each task, scored: this rank rolls out its share of whole groups
+    (ranks.group_share; all of them in one process), with the episode indices they have in the
+    whole batch, and every rank gets every share (ranks.gather)."""
     t0 = time.perf_counter()
     G = cfg.group_size
     flat_tasks = [t for t in tasks for _ in range(G)]  # group-major, matches tokens
-    rollouts = None
-    if ranks.rank == 0:
-        rollouts = engine.rollout(flat_tasks, tokens, cfg.protocol, step_seed(cfg.seed, step))
-    rollouts = ranks.broadcast(rollouts)  # the 1-process batch, sampled once
+    start, end = (i * G for i in ranks.group_share(len(tasks)))
+    mine = []
+    if end > start:  # a rank with no group (more ranks than groups) only gathers
+        mine = engine.rollout(flat_tasks[start:end], tokens[start:end], cfg.protocol,
+                              step_seed(cfg.seed, step), first_index=start)  # fmt: skip
+    scored = [(Sampled.of(r), score_fn(t, r)) for t, r in zip(flat_tasks[start:end], mine,
+                                                              strict=True)]  # fmt: skip
+    gathered = [x for part in ranks.gather(scored) for x in part]  # rank order = batch order
     seconds = time.perf_counter() - t0
-    scores = [score_fn(t, r) for t, r in zip(flat_tasks, rollouts, strict=True)]
+    rollouts = [r for r, _ in gathered]
+    scores = [s for _, s in gathered]
     col = 0 if cfg.reward == "paper" else 1
     rewards = torch.tensor([s[col] for s in scores], dtype=torch.float32).view(-1, G)
     adv = group_advantages(rewards, cfg.advantage).flatten()  # (B,)
-    return StepRollouts(tasks, tokens, rollouts, scores, rewards, adv, seconds)
+    return StepRollouts(tasks, tokens, rollouts, scores, rewards, adv, seconds, len(mine))

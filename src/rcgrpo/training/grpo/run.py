@@ -64,11 +64,17 @@ def run_rl(
     check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
     tasks = rl_tasks(cfg)  # before loading the model: a missing data file fails in a second
     rollout_cfg = rollout_cfg or RolloutConfig(protocol=cfg.protocol)
-    policy = load_policy(model_cfg, adapter_path=start)
-    engine = make_engine(rollout_cfg, policy)
-    if (
-        backend is not None
-    ):  # rcgrpo.rollout.execution: the same shards (whole groups), local or Ray
+    # under a launcher: this rank's GPU (cuda:LOCAL_RANK), bound before anything loads; the
+    # rank then owns its engine on that device (its own vLLM server pinned to it)
+    device = distributed.local_device(model_cfg.device)
+    policy = load_policy(dataclasses.replace(model_cfg, device=device), adapter_path=start)
+    engine = make_engine(rollout_cfg, policy, device=policy.config.device)
+    if backend is not None:  # rcgrpo.rollout.execution: the same shards (whole groups)
+        if distributed.launched() and backend.ray is not None:
+            raise ValueError(
+                "execution.backend=ray under a launcher: every rank would start its own Ray "
+                "workers; use execution.backend=local (each rank rolls out on its own engine)"
+            )
         from rcgrpo.rollout.execution import RolloutSpec
 
         spec = RolloutSpec(model_cfg, str(start), rollout_cfg)

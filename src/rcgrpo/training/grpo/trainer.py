@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from rcgrpo.training import checkpoint, distributed
+from rcgrpo.training import batching, checkpoint, distributed
+from rcgrpo.training.forward import packs
 from rcgrpo.training.grpo import rollouts, update
 from rcgrpo.training.grpo.config import RLConfig, step_seed
 from rcgrpo.training.grpo.core_algos import minibatch_indices
@@ -91,12 +93,28 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
         )
-        # under `accelerate launch`: rank 0 rolls out, ranks share updates (else one does all)
-        self.ranks = distributed.for_training(self.model, self.optimizer, self.params)
+        # under `accelerate launch` / torchrun: ranks share rollouts, pi_old/ref and updates
+        # (else one does all); collectives wait up to one rank's rollout (from its budget)
+        self.ranks = distributed.for_training(
+            self.model, self.optimizer, self.params, self._timeout_s()
+        )
+        self.rolled_out: list[int] = []  # rollouts this rank sampled, per step
         tok = getattr(policy, "tokenizer", None)
         self.pad_id = getattr(tok, "pad_token_id", None) or 0
         self.step = 0
         self.out = Path(cfg.out_dir)
+
+    def _timeout_s(self) -> float:
+        """The process-group timeout: one rank's rollout at the engine's budget (an engine
+        without `cfg.limits`, e.g. a test's, gets the floor)."""
+        limits = getattr(getattr(self.engine, "cfg", None), "limits", None)
+        if limits is None:
+            return distributed.MIN_TIMEOUT_S
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        episodes = -(-self.cfg.tasks_per_step // world) * self.cfg.group_size
+        return distributed.collective_timeout_s(
+            episodes, self.engine.cfg.max_batch, limits.max_total_tokens
+        )
 
     # -- one step ---------------------------------------------------------------------------------
     def _score(self, task, rollout) -> tuple[int, int]:
@@ -128,15 +146,23 @@ class Trainer:
         # PPO schedule; the shuffle has a generator of its own (seeded by the step, not by
         # draw's stream) so that a resumed run visits the rollouts in the same order.
         shuffle = torch.Generator().manual_seed(2**32 + step_seed(cfg.seed, step))
+        lengths = [len(r.ids) for r in out.rollouts]
+        packed = packs(self.model)  # flash-attention: micro-batches are padding-free rows
         passes = minibatch_indices(
-            len(out.rollouts), cfg.mini_batch_size, cfg.micro_batch_size, cfg.inner_epochs, shuffle
-        )
+            len(out.rollouts), cfg.mini_batch_size, cfg.micro_batch_size, cfg.inner_epochs,
+            shuffle, lengths, cfg.max_tokens_per_micro_batch, packed,
+        )  # fmt: skip
         use_ref = (self.ref_model is not None or self.ref_adapter is not None) and cfg.kl_coef > 0
-        first_pass = [c for mini in passes[0] for c in mini]
+        # pi_old and the reference sharded like the update: this rank's micro-batches of the
+        # first pass (the same forwards as its first update: ratio exactly 1), then summed
+        # over the ranks (later passes reshuffle the micro-batches between ranks)
+        mine = [c for mini in passes[0] for c, w in self.ranks.share(mini) if w]
         ref_fn = self._ref_logprobs if use_ref else None
         old, ref, gap = update.behaviour_logprobs(
-            self.model, batch, first_pass, self._logprobs, self.temperature, ref_fn
+            self.model, batch, mine, self._logprobs, self.temperature, ref_fn
         )
+        old, ref, gap = self.ranks.merge(old, ref, gap)
+        self.rolled_out.append(out.own)
         lr = self.scheduler.get_last_lr()[0]  # one lr per RL step: warmup counts RL steps
         self.updates = update.ppo_updates(  # per optimizer step, for inspection
             self.model, self.optimizer, self.ranks, batch, old, ref, out.advantages, passes, cfg,
@@ -144,7 +170,12 @@ class Trainer:
         )  # fmt: skip
         self.scheduler.step()
         self.engine.sync(self.policy)
-        return step_metrics(cfg, out, batch.mask, gap, self.updates, lr, time.perf_counter() - t0)
+        metrics = step_metrics(
+            cfg, out, batch.mask, gap, self.updates, lr, time.perf_counter() - t0
+        )
+        groups = [c.tolist() for one_pass in passes for mini in one_pass for c in mini]
+        metrics["train/pad_frac"] = batching.pad_frac(lengths, groups, packed)
+        return metrics
 
     # -- the loop ---------------------------------------------------------------------------------
     def save(self, step: int) -> Path:

@@ -5,10 +5,17 @@ pi_old is computed ONCE per batch, before any update, with the weights the engin
 (in eval mode, as the engine samples); not the engine's log-probs, which are at T = 1 where ours
 are at the sampling temperature. Same micro-batches as the first update, so its forwards are
 bit-identical (ratio exactly 1); from the second update on the ratio leaves 1 and the clip acts.
+A micro-batch is an index tensor into the step's padded batch (B, T); its forward computes
+only its own width, the longest of its members (`width`), not the batch's T: with
+token-budget micro-batches (core_algos.minibatch_indices, rcgrpo.training.batching) a
+micro-batch of short rollouts never pays for the step's longest one.
 Log-probs and entropy use the LM head at sampled positions only, (N, V), never (B, T, V)
 (rcgrpo.training.forward.masked_logits). Under `accelerate launch` each rank runs its share of
 each mini-batch's micro-batches and gradients are all-reduced once per optimizer step, with the
 loss weighted by the GLOBAL mini-batch's tokens (or sequences), so N ranks make the 1-rank step.
+The batch stays in host memory (B x T of the paper preset is GBs); each micro-batch goes to the
+model's device (the rank's GPU) for its forward, and pi_old / the reference come back to the
+host, where the trainer sums the ranks' shares (rcgrpo.training.distributed).
 
     .venv/bin/pytest tests/test_trainer.py tests/test_rl_memory.py -q
 """
@@ -19,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rcgrpo.training.forward import masked_logits, scatter
+from rcgrpo.training.forward import masked_logits, scatter, with_training_attention
 from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.core_algos import policy_loss, token_entropy, token_logprobs
 
@@ -54,16 +61,29 @@ def to_batch(rollouts, pad_id: int = 0) -> Batch:
     return Batch(ids, attn, mask[:, 1:], logp[:, 1:])
 
 
+def width(attn: torch.Tensor, c: torch.Tensor) -> int:
+    """Columns micro-batch c (row indices) needs: its longest member, attn (B, T) 1 on tokens."""
+    return int(attn[c].sum(1).max())
+
+
+def device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
 def logprobs(model, ids, attn, mask, temperature: float = 1.0):
     """Log-probs of ids[:, 1:] at the sampling temperature, (B, T-1) with 0 where mask (B, T-1)
     is 0; the raw logits (N, V) at the N sampled positions (temperature 1, what the engine
-    reports its log-probs at) and those positions, where (B, T-1)."""
+    reports its log-probs at) and those positions, where (B, T-1). All on the model's device
+    (the inputs are moved there)."""
+    dev = device_of(model)
+    ids, attn, mask = ids.to(dev), attn.to(dev), mask.to(dev)
     logits, where = masked_logits(model, ids, attn, mask)
     logits = logits.float()
     scaled = logits if temperature == 1.0 else logits / temperature
     return scatter(token_logprobs(scaled, ids[:, 1:][where]), where), logits, where
 
 
+@with_training_attention  # flash-attention where chosen; the engines keep the loaded one
 @torch.no_grad()
 def behaviour_logprobs(model, batch: Batch, micro_batches, logprob_fn, temperature: float,
                        ref_fn=None):  # fmt: skip
@@ -77,16 +97,20 @@ def behaviour_logprobs(model, batch: Batch, micro_batches, logprob_fn, temperatu
     gap = torch.zeros(())  # sum over sampled tokens of |engine log p - trainer log p|
     model.eval()
     for c in micro_batches:
-        old[c], logits, where = logprob_fn(model, ids[c], attn[c], mask[c])
-        mine = old[c]
+        cols = width(attn, c)  # (b, cols) inputs, (b, cols-1) targets
+        x, a, m = ids[c, :cols], attn[c, :cols], mask[c, : cols - 1]
+        mine, logits, where = logprob_fn(model, x, a, m)  # on the model's device
+        dev = mine.device
+        old[c, : cols - 1] = mine.to(old.device)
         if temperature != 1.0:
-            mine = scatter(token_logprobs(logits, ids[c, 1:][where]), where)
-        gap += ((batch.sampled_logp[c] - mine).abs() * mask[c]).sum()
+            mine = scatter(token_logprobs(logits, x[:, 1:].to(dev)[where]), where)
+        gap += ((batch.sampled_logp[c, : cols - 1].to(dev) - mine).abs() * m.to(dev)).sum().cpu()
         if ref is not None:
-            ref[c] = ref_fn(ids[c], attn[c], mask[c])
+            ref[c, : cols - 1] = ref_fn(x, a, m).to(ref.device)
     return old, ref, gap
 
 
+@with_training_attention  # over forwards and backwards (checkpointed layers recompute)
 def ppo_updates(model, optimizer, ranks, batch: Batch, old, ref, adv, passes, cfg: RLConfig,
                 logprob_fn) -> list[dict[str, float]]:  # fmt: skip
     """Every mini-batch of every pass: clipped loss + KL, accumulated over its micro-batches,
@@ -98,6 +122,7 @@ def ppo_updates(model, optimizer, ranks, batch: Batch, old, ref, adv, passes, cf
     def size(c):  # what a micro-batch weighs in its mini-batch's mean: tokens or sequences
         return mask[c].sum() if cfg.aggregation == "token-mean" else (mask[c].sum(1) > 0).sum()
 
+    dev = device_of(model)
     model.train()
     updates: list[dict[str, float]] = []
     for mini in (mini for one_pass in passes for mini in one_pass):
@@ -107,15 +132,17 @@ def ppo_updates(model, optimizer, ranks, batch: Batch, old, ref, adv, passes, cf
         # (micro-batch, 1.0); under accelerate this rank's share, + zero-weight padding
         mine = ranks.share(mini)
         for i, (c, share) in enumerate(mine):
+            cols = width(attn, c)  # its longest member: (b, cols) in, (b, cols-1) out
+            m = mask[c, : cols - 1]
             # under accelerate: through the DDP/FSDP wrapper, all-reduced on the last one
             with ranks.syncing(i, len(mine)):
-                logp, logits, where = ranks.forward(logprob_fn, ids[c], attn[c], mask[c])
-                loss, stats = policy_loss(
+                logp, logits, where = ranks.forward(logprob_fn, ids[c, :cols], attn[c, :cols], m)
+                loss, stats = policy_loss(  # this micro-batch's slices on the model's device
                     logp,
-                    old[c],
-                    adv[c],
-                    mask[c],
-                    None if ref is None else ref[c],
+                    old[c, : cols - 1].to(dev),
+                    adv[c].to(dev),
+                    m.to(dev),
+                    None if ref is None else ref[c, : cols - 1].to(dev),
                     clip_eps=cfg.clip_eps,
                     kl_coef=cfg.kl_coef,
                     kl_estimator=cfg.kl_estimator,

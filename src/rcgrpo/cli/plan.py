@@ -1,0 +1,92 @@
+"""`rcgrpo plan`: per-GPU memory and a per-step time estimate of a config, before any set-up.
+
+Reads params.yaml with a preset (default: pipeline.preset) and `--set section.key=value`
+pairs on top, as `rcgrpo run` does, and prints what one GPU holds in the fine-tuning and RL
+updates (weights, LoRA + optimizer, reference, checkpointed activations and one recomputed
+layer at the micro-batch's tokens, logits at the sampled positions, vLLM weights + KV cache),
+the RL step's time (rollouts simulated lock-step and async, the update from FLOPs at --mfu) and
+every constant with its source (rcgrpo.training.plan). A config that does not fit exits 2 with
+one line saying what to change (`--table` prints the breakdown before it).
+
+    rcgrpo plan --profile qwen2.5-7b-instruct --preset paper --gpus 8 --gpu-memory 80
+    rcgrpo plan --profile qwen2.5-7b-instruct --preset paper --gpus 1 --gpu-memory 24   # exit 2
+    rcgrpo plan --profile qwen-shape --set rl.max_tokens_per_micro_batch=8192
+"""
+
+from __future__ import annotations
+
+import typer
+
+SET_HELP = "override a params.yaml field, section.key=value (repeatable), e.g. rl.tasks_per_step=64"
+
+
+def resolve(preset: str, sets: list[str], profile: str) -> dict:
+    """The model, rollout, rl and fine-tuning sections as a run with this preset and these
+    --sets would use them: {"model", "rollout", "rl", "finetune", "stage", "preset"}."""
+    from rcgrpo.config import ConfigError, load_section, parse_sets, read_params
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.training.grpo.config import RLConfig
+    from rcgrpo.training.sft import SFTConfig
+
+    params = read_params()
+    preset = preset or (params.get("pipeline") or {}).get("preset", "cpu")
+    presets = params.get("presets") or {}
+    if preset not in presets:
+        raise ConfigError(f"preset {preset!r} is not in params.yaml presets: {sorted(presets)}")
+    given = parse_sets([*sets, *([f"model.profile={profile}"] if profile else [])], True)
+    base = presets[preset] or {}
+    ov = {k: {**(base.get(k) or {}), **(given.get(k) or {})} for k in {*base, *given}}
+    rl = load_section("rl", RLConfig, overrides=ov.get("rl"))
+    stage = rl.init  # the fine-tuning stage RL starts from
+    return {
+        "model": load_section("model", ModelConfig, overrides=ov.get("model")),
+        "rollout": load_section("rollout", RolloutConfig, overrides=ov.get("rollout")),
+        "rl": rl,
+        "finetune": load_section(stage, SFTConfig, overrides=ov.get(stage)),
+        "stage": stage,
+        "preset": preset,
+    }
+
+
+def pick_gpu(name: str, memory: float):
+    """(GPU specs, memory in GB): by name, else the one with that much memory (H100 if none)."""
+    from rcgrpo.config import ConfigError
+    from rcgrpo.training.plan.constants import GPUS
+
+    if name:
+        if name not in GPUS:
+            raise ConfigError(f"--gpu {name!r}: pick one of {sorted(GPUS)}")
+        return GPUS[name], memory or GPUS[name].memory_gb
+    match = [g for g in GPUS.values() if g.memory_gb == memory]
+    return (match[0] if match else GPUS["h100"]), memory or 80.0
+
+
+def plan(
+    profile: str = typer.Option("", help="model profile (shortcut for --set model.profile=...)"),
+    preset: str = typer.Option(
+        "", help="cpu | paper: params.yaml presets (default: pipeline.preset)"
+    ),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    gpus: int = typer.Option(8, min=1, help="GPUs, one training process + rollout engine each"),
+    gpu_memory: float = typer.Option(0.0, help="GB per GPU (default: the --gpu's)"),
+    gpu: str = typer.Option(
+        "", help="h100 | h200 | a100 | l4 (default: by --gpu-memory, else h100)"
+    ),
+    mfu: float = typer.Option(0.0, help="model FLOPs utilisation of the update (default 0.35)"),
+    sampled_share: float = typer.Option(0.0, help="sampled share of a micro-batch (default 0.033)"),
+    table: bool = typer.Option(False, help="print the breakdown also when it does not fit"),
+) -> None:
+    """Per-GPU memory and the RL step time of a config; exit 2 with what to change if it does not fit."""
+    from rcgrpo.training.plan import constants
+    from rcgrpo.training.plan.report import check, make_plan, render
+
+    cfg = resolve(preset, set_, profile)
+    spec, memory = pick_gpu(gpu, gpu_memory)
+    mfu = mfu or constants.MFU
+    result = make_plan(cfg["model"], cfg["rollout"], cfg["rl"], cfg["finetune"], cfg["stage"],
+                       gpus, spec, memory, sampled_share or constants.SAMPLED_SHARE, mfu)  # fmt: skip
+    result.head.append(f"preset {cfg['preset']}, fine-tuning stage {cfg['stage']}")
+    if not result.problems or table:
+        typer.echo(render(result, mfu))
+    check(result)  # NoFit: `error: <what to change>`, exit 2 (rcgrpo.cli.main)

@@ -1,0 +1,138 @@
+"""The memory model of `rcgrpo plan`: what one GPU holds, term by term, and whether it fits.
+
+Pure arithmetic over an architecture (constants.Arch), byte widths and token counts; each term
+is a `Term(name, bytes, formula)` so the plan prints the formula beside the number. The terms
+the issue names: frozen weights, LoRA + optimizer, the reference adapter, checkpointed
+activations and one recomputed layer at the micro-batch's tokens, logits at its sampled
+positions, and the vLLM server's weights + KV cache. bench/memory.py checks the same functions
+against a measured peak on qwen-shape (`update_terms` is what it calls).
+
+    .venv/bin/pytest tests/test_plan.py -q
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rcgrpo.training.plan.constants import (
+    ALLOCATOR_SLACK,
+    CUDA_CONTEXT_GB,
+    GB,
+    LOGITS_BYTES,
+    VLLM_OVERHEAD_GB,
+    Arch,
+)
+
+
+class NoFit(ValueError):
+    """A configuration that does not fit the GPUs: the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: float
+    formula: str
+
+
+def count(n: float) -> str:
+    """7615616512 -> '7.62B', 40370176 -> '40.4M', 32768 -> '32.8k'."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}" if unit != "B" else f"{n / size:.2f}B"
+    return f"{n:g}"
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per weight or activation element of a model dtype (2 for 16-bit, 4 for float32)."""
+    return 4 if dtype == "float32" else 2
+
+
+def layer_bytes_per_token(arch: Arch, b: int) -> float:
+    """Bytes one decoder layer keeps per token for its backward (b bytes per element): q, k, v,
+    the rotated q and k and the attention output (flash/SDPA kernels keep no T x T matrix);
+    SwiGLU's gate, up, silu(gate) and product; two RMSNorms, each a float32 copy of its input
+    and its b-byte output (transformers' Qwen2/Llama norms upcast). LoRA's r-wide inputs of the
+    B matrices are left out (r = 16 against thousands)."""
+    attention = b * (3 * arch.q_dim + 3 * arch.kv_dim)
+    mlp = b * 4 * arch.intermediate
+    norms = 2 * (4 + b) * arch.hidden
+    return attention + mlp + norms
+
+
+def update_terms(arch: Arch, tokens: int, sampled: int, b: int, checkpointing: bool) -> list[Term]:
+    """Activations of one training forward + backward over `tokens` computed positions with
+    `sampled` of them under the LM head (the micro-batch's peak)."""
+    per_layer = layer_bytes_per_token(arch, b)
+    d, L = arch.hidden, arch.layers
+    if checkpointing:
+        out = [Term("activations, checkpointed (each layer's input)", L * tokens * d * b,
+                    f"{L} layers x {tokens:,} tok x {d} x {b} B"),
+               Term("one layer recomputed in backward", tokens * per_layer,
+                    f"{tokens:,} tok x {per_layer / 1e3:.1f} kB")]  # fmt: skip
+    else:
+        out = [Term("activations, every layer kept (no checkpointing)", L * tokens * per_layer,
+                    f"{L} layers x {tokens:,} tok x {per_layer / 1e3:.1f} kB")]  # fmt: skip
+    out.append(Term("logits at the sampled positions", sampled * arch.vocab * LOGITS_BYTES,
+                    f"{sampled:,} pos x {arch.vocab:,} x {LOGITS_BYTES} B"))  # fmt: skip
+    return out
+
+
+def static_terms(arch: Arch, b: int, lora_params: int, gpus: int, reference: bool) -> list[Term]:
+    """What the trainer holds between micro-batches: weights, trainable state, the reference,
+    DDP's gradient buckets. lora_params 0 = full fine-tuning (fp32 Adam on every weight)."""
+    p = arch.params()
+    out = [Term("weights" + (" (frozen)" if lora_params else ""), p * b, f"{count(p)} x {b} B")]
+    trainable = lora_params or p
+    if lora_params:
+        rows = 2 * arch.hidden  # the two reward-token embedding rows (trainable_token_indices)
+        out.append(Term("LoRA + AdamW (fp32 weights, grads, m, v)", (lora_params + rows) * 16,
+                        f"{count(lora_params + rows)} x 16 B"))  # fmt: skip
+        if reference:
+            out.append(Term("reference: frozen copy of the starting adapter", lora_params * 4,
+                            f"{count(lora_params)} x 4 B"))  # fmt: skip
+    else:
+        out.append(Term("grads + AdamW m, v (fp32)", p * (b + 8), f"{count(p)} x {b + 8} B"))
+        if reference:
+            out.append(Term("reference: deep copy of the model", p * b, f"{count(p)} x {b} B"))
+    if gpus > 1:
+        out.append(Term("DDP gradient buckets", trainable * 4, f"{count(trainable)} x 4 B"))
+    return out
+
+
+def process_terms(trainer_bytes: float) -> list[Term]:
+    """A process's CUDA context and its allocator's slack (constants: both assumptions)."""
+    return [Term("CUDA context", CUDA_CONTEXT_GB * GB, f"{CUDA_CONTEXT_GB} GB"),
+            Term("allocator slack", ALLOCATOR_SLACK * trainer_bytes,
+                 f"{ALLOCATOR_SLACK:.0%} of the above")]  # fmt: skip
+
+
+def kv_bytes_per_token(arch: Arch, b: int) -> int:
+    """Keys and values of one token over all layers."""
+    return 2 * arch.layers * arch.kv_dim * b
+
+
+def vllm_terms(arch: Arch, b: int, share: float, gpu_bytes: float) -> tuple[list[Term], float]:
+    """The vLLM server's reservation (gpu_memory_utilization x the GPU) split into weights,
+    overhead and KV cache; returns (terms, KV capacity in tokens)."""
+    total = share * gpu_bytes
+    weights = arch.params() * b
+    kv = total - weights - VLLM_OVERHEAD_GB * GB
+    tokens = max(kv, 0) / kv_bytes_per_token(arch, b)
+    return [Term("vLLM weights", weights, f"{count(arch.params())} x {b} B"),
+            Term("vLLM activations + CUDA graphs", VLLM_OVERHEAD_GB * GB, "assumed"),
+            Term("vLLM KV cache", max(kv, 0.0),
+                 f"{share:.2f} x {gpu_bytes / GB:.0f} GB - the above = {tokens:,.0f} tokens")], tokens  # fmt: skip
+
+
+def total(terms: list[Term]) -> float:
+    return sum(t.bytes for t in terms)
+
+
+def largest_tokens(arch: Arch, b: int, checkpointing: bool, share: float, room: float) -> int:
+    """The most tokens per micro-batch whose update fits in `room` bytes (a sampled share of
+    `share`), including the allocator slack on them; 0 if none."""
+    per_token = (
+        total(update_terms(arch, 1, 0, b, checkpointing)) + share * arch.vocab * LOGITS_BYTES
+    )
+    return max(0, int(room / (per_token * (1 + ALLOCATOR_SLACK))))

@@ -1,0 +1,210 @@
+"""The time model of `rcgrpo plan`: one RL step's rollouts simulated on a decode cost model, and
+its update from FLOPs at a stated MFU. A pure model, independent of the engines' code.
+
+Rollouts. Every rank runs its own engine on its share of the step's groups (whole groups). An
+episode is its sequence of model calls (episodes.json: prefill new tokens, then sample; the 800
+ground truths replayed, scripts/episode_shapes.py), drawn per task with a fixed seed. One engine
+is simulated iteration by iteration, as vLLM's continuous batching runs: at most `max_seqs`
+sequences (rollout.max_batch) whose keys and values fit its KV cache; each iteration decodes one
+token of every running sequence and prefills up to CHUNK_TOKENS new tokens of the others. An
+iteration costs the larger of its memory time (weights + the KV it reads, at BANDWIDTH_EFF of
+the GPU's bandwidth) and its compute time (2 x params per token + attention, at PREFILL_EFF of
+the peak), plus ITERATION_S. Two schedules over that engine:
+* lock-step (the engines as built: rcgrpo.rollout.engine.Engine.rollout): every episode waiting
+  for the model sends its next message at once; the round ends when the slowest is done, then
+  the tool calls run; then the next round;
+* async (issue 19's design): each episode sends its next message as soon as its own tool call
+  returns; the engine never waits for a round.
+The G rollouts of a task share their first prompt's prefix: vLLM's prefix cache (on by default)
+prefills it once per group (the goal and what follows it, PREFIX_TAIL tokens, for the others).
+Between messages an episode's keys and values are assumed to stay cached (no re-prefill).
+
+Update. FLOPs of pi_old and the reference (one forward each), then per PPO pass a forward, the
+checkpointed recompute, and the backward (input gradients; weight gradients too for a full
+fine-tune), over the computed tokens of the token-budget micro-batches (padding included),
+with causal attention's T^2 term; divided by GPUs x peak x MFU.
+
+    .venv/bin/pytest tests/test_plan.py -q -k timing
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rcgrpo.training.batching import computed_tokens, micro_batches
+from rcgrpo.training.plan.constants import (
+    BANDWIDTH_EFF,
+    CHUNK_TOKENS,
+    GPU,
+    ITERATION_S,
+    PREFILL_EFF,
+    TOOL_S,
+    Arch,
+)
+
+PREFIX_TAIL = 64  # first-prompt tokens past the shared prefix (the goal onward): an assumption
+EPISODES = Path(__file__).with_name("episodes.json")
+
+
+def episode_shapes() -> dict[str, list[tuple[int, int]]]:
+    """task id -> [(prefill, sampled), ...] of its replayed ground truth."""
+    data = json.loads(EPISODES.read_text())
+    return {k: [tuple(s) for s in v] for k, v in data["episodes"].items()}
+
+
+def draw_step(shapes: dict, tasks: int, group: int, seed: int = 0) -> list[list[list[tuple]]]:
+    """The step's groups: `tasks` task shapes drawn without replacement (with, past the 800),
+    each repeated `group` times."""
+    rng = random.Random(seed)
+    ids = sorted(shapes)
+    picks = rng.sample(ids, tasks) if tasks <= len(ids) else [rng.choice(ids) for _ in range(tasks)]
+    return [[list(shapes[tid]) for _ in range(group)] for tid in picks]
+
+
+@dataclass(order=True)
+class _Req:
+    ready: float
+    order: int
+    episode: int = field(compare=False)
+    prefill: int = field(compare=False)  # new tokens still to prefill
+    decode: int = field(compare=False)  # tokens still to sample
+    ctx: int = field(compare=False)  # tokens already in the KV cache
+
+
+@dataclass
+class Engine:
+    """One simulated inference engine (a vLLM server on one GPU)."""
+
+    arch: Arch
+    b: int  # bytes per weight / KV element
+    gpu: GPU
+    kv_tokens: float  # KV cache capacity, tokens
+    max_seqs: int  # rollout.max_batch (vLLM --max-num-seqs)
+    iterations: int = 0
+
+    def iteration_s(self, decodes: list[int], prefills: list[tuple[int, int]]) -> float:
+        """decodes: context of each decoding sequence; prefills: (chunk tokens, context)."""
+        a, n_tok = self.arch, len(decodes) + sum(c for c, _ in prefills)
+        kv_per_tok = 2 * a.layers * a.kv_dim * self.b
+        read = a.params() * self.b + kv_per_tok * (sum(decodes) + sum(x for _, x in prefills))
+        attn = 4 * a.layers * a.q_dim * (sum(decodes) + sum(c * (x + c / 2) for c, x in prefills))
+        flops = 2 * a.params() * n_tok + attn
+        compute = flops / (self.gpu.bf16_flops * PREFILL_EFF)
+        return max(read / (self.gpu.bandwidth * BANDWIDTH_EFF), compute) + ITERATION_S
+
+    def serve(self, queue: list[_Req], now: float, on_finish=None) -> float:
+        """Run the requests of the heap `queue` (by ready time) to completion from time `now`;
+        on_finish(request, time) may push follow-up requests. Returns the time all are done."""
+        running: list[_Req] = []
+        while queue or running:
+            while queue and queue[0].ready <= now and len(running) < self.max_seqs:
+                r, used = queue[0], sum(x.ctx + x.prefill + x.decode for x in running)
+                if running and used + r.ctx + r.prefill + r.decode > self.kv_tokens:
+                    break  # waits for KV room (a lone sequence always runs: it has to)
+                running.append(heapq.heappop(queue))
+            if not running:
+                now = queue[0].ready
+                continue
+            decoding = [r for r in running if r.prefill == 0]
+            budget, prefills = CHUNK_TOKENS - len(decoding), []
+            for r in running:
+                if r.prefill and budget > 0:
+                    chunk = min(r.prefill, budget)
+                    prefills.append((chunk, r.ctx))
+                    budget -= chunk
+                    r.ctx, r.prefill = r.ctx + chunk, r.prefill - chunk
+            now += self.iteration_s([r.ctx for r in decoding], prefills)
+            self.iterations += 1
+            for r in decoding:
+                r.decode, r.ctx = r.decode - 1, r.ctx + 1
+            for r in [r for r in running if r.prefill == 0 and r.decode == 0]:
+                running.remove(r)
+                if on_finish is not None:
+                    on_finish(r, now)
+        return now
+
+    def run(self, episodes: list[list[tuple]], lock_step: bool, shared: list[bool]) -> float:
+        """Wall time until every episode's last message is sampled (tool calls included).
+        shared[e]: episode e's first prompt is in the prefix cache (a group mate's) but for
+        its last PREFIX_TAIL tokens. A segment that samples nothing (an episode's closing
+        tokens) is no model call."""
+        episodes = [[seg for seg in ep if seg[1] > 0] for ep in episodes]
+        n, count = len(episodes), [0]
+        nxt, length = [0] * n, [0] * n
+
+        def request(e: int, t: float) -> _Req:
+            p, s = episodes[e][nxt[e]]
+            count[0] += 1
+            if nxt[e] == 0 and shared[e] and p > PREFIX_TAIL:  # the cached prefix is context
+                return _Req(t, count[0], e, PREFIX_TAIL, s, p - PREFIX_TAIL)
+            return _Req(t, count[0], e, p, s, length[e])
+
+        def done(r: _Req, t: float) -> None:
+            length[r.episode], nxt[r.episode] = r.ctx, nxt[r.episode] + 1
+            if not lock_step and nxt[r.episode] < len(episodes[r.episode]):
+                heapq.heappush(queue, request(r.episode, t + TOOL_S))
+
+        if not lock_step:  # async: every episode moves on as soon as its tool call returns
+            queue = [request(e, 0.0) for e in range(n)]
+            heapq.heapify(queue)
+            return self.serve(queue, 0.0, done)
+        now = 0.0  # lock-step: rounds of blocking calls of at most max_seqs, longest first
+        while waiting := [e for e in range(n) if nxt[e] < len(episodes[e])]:
+            waiting.sort(key=lambda e: -length[e])
+            for start in range(0, len(waiting), self.max_seqs):
+                batch = waiting[start : start + self.max_seqs]
+                queue = [request(e, now) for e in batch]
+                heapq.heapify(queue)
+                now = self.serve(queue, now, done) + TOOL_S * len(batch)  # then its tool calls
+        return now
+
+
+def rollout_seconds(groups, gpus: int, engine_args: dict, lock_step: bool) -> float:
+    """The step's rollout time: whole groups dealt to the ranks in turn, every rank its own
+    engine; the step waits for the slowest rank."""
+    worst = 0.0
+    for rank in range(gpus):
+        mine = [ep for g in groups[rank::gpus] for ep in g]
+        shared = [k > 0 for g in groups[rank::gpus] for k in range(len(g))]
+        if mine:
+            worst = max(worst, Engine(**engine_args).run(mine, lock_step, shared))
+    return worst
+
+
+def update_flops(arch: Arch, lengths: list[int], groups: list[list[int]], packed: bool,
+                 passes: int, reference: bool, checkpointing: bool, lora: bool) -> float:  # fmt: skip
+    """FLOPs of one step's training forwards and backwards over `groups` of `lengths` (the
+    micro-batches of one pass). Per computed token 2 x non-embedding params; attention
+    2 x layers x q_dim x T^2 per sequence (causal, QK^T and AV), T the padded row's length."""
+    non_embedding = arch.params() - arch.vocab * arch.hidden * (1 if arch.tied else 2)
+    fwd = 0.0
+    for g in groups:
+        tokens = computed_tokens(lengths, g, packed)
+        rows = [lengths[i] for i in g] if packed else [max(lengths[i] for i in g)] * len(g)
+        fwd += 2 * non_embedding * tokens + 2 * arch.layers * arch.q_dim * sum(t * t for t in rows)
+    per_pass = 1 + (1 if checkpointing else 0) + 2 + (0 if lora else 2)  # fwd, recompute, bwd
+    return fwd * (1 + (1 if reference else 0) + passes * per_pass)
+
+
+def step_micro_batches(lengths: list[int], budget: int, per_batch: int, mini: int, packed: bool,
+                       seed: int = 0) -> list[list[int]]:  # fmt: skip
+    """One pass's micro-batches: shuffled mini-batches of `mini` rollouts, each formed by tokens
+    (budget > 0) or by count (`per_batch` rollouts)."""
+    order = list(range(len(lengths)))
+    random.Random(seed).shuffle(order)
+    mini = mini or len(order)
+    out = []
+    for i in range(0, len(order), mini):
+        part = order[i : i + mini]
+        if budget:
+            out += [
+                [part[j] for j in g]
+                for g in micro_batches([lengths[k] for k in part], budget, packed)
+            ]
+        else:
+            out += [part[j : j + per_batch] for j in range(0, len(part), per_batch)]
+    return out

@@ -1,0 +1,167 @@
+"""`rcgrpo plan` (issue 20.4): parameter and memory arithmetic by hand, the rollout simulation on
+cases worked out by hand (lock-step waits for a round's slowest message, async does not), and
+the command: the paper preset fits 8 x 80 GB, one 24 GB GPU exits 2 with one line.
+
+    .venv/bin/pytest tests/test_plan.py -q
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from rcgrpo.training.plan import constants as C
+from rcgrpo.training.plan import memory as M
+from rcgrpo.training.plan import timing as T
+
+
+def test_parameter_counts_match_the_published_models():
+    assert C.architecture("qwen2.5-7b-instruct").params() == 7_615_616_512  # Qwen's 7.62B
+    assert C.architecture("llama-3.1-8b-instruct").params() == 8_030_261_248  # Meta's 8.03B
+    assert C.architecture("smollm2-135m").params() == 134_515_008
+    qwen = C.architecture("qwen2.5-7b-instruct")
+    # r x (in + out) per projection: q, o 16 x 7168; k, v 16 x 4096; gate, up, down 16 x 22528
+    per_layer = 16 * (2 * 7168 + 2 * 4096 + 3 * 22528)
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    assert qwen.lora_params(16, targets) == 28 * per_layer == 40_370_176
+
+
+def test_qwen_shape_architecture_is_the_built_model():
+    """The CPU stand-in's arithmetic is that of the model load_policy builds."""
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.models.profiles import ModelConfig
+
+    model = load_policy(ModelConfig(profile="qwen-shape", lora=False)).model
+    assert sum(p.numel() for p in model.parameters()) == C.architecture("qwen-shape").params()
+
+
+def test_memory_terms_by_hand():
+    toy = C.Arch(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=100,
+                 tied=False, source="toy")  # fmt: skip
+    # per token and layer, b = 2: attention 2 x (3 x 8 + 3 x 4) = 72; MLP 2 x 4 x 16 = 128;
+    # two norms 2 x (4 + 2) x 8 = 96
+    assert M.layer_bytes_per_token(toy, 2) == 72 + 128 + 96
+    ckpt = M.update_terms(toy, tokens=10, sampled=3, b=2, checkpointing=True)
+    assert [t.bytes for t in ckpt] == [2 * 10 * 8 * 2, 10 * 296, 3 * 100 * 16]
+    full = M.update_terms(toy, tokens=10, sampled=3, b=4, checkpointing=False)
+    assert [t.bytes for t in full] == [2 * 10 * M.layer_bytes_per_token(toy, 4), 3 * 100 * 16]
+    assert M.kv_bytes_per_token(toy, 2) == 2 * 2 * 4 * 2
+    static = M.static_terms(toy, 2, lora_params=50, gpus=2, reference=True)
+    assert [t.bytes for t in static] == [toy.params() * 2, (50 + 16) * 16, 50 * 4, 50 * 4]
+    # the largest micro-batch that fits 10 kB: per token 2 x 8 x 2 + 296 + 0.1 x 100 x 16
+    per = 32 + 296 + 160
+    assert M.largest_tokens(toy, 2, True, 0.1, 10_000) == int(10_000 / (per * 1.05))
+
+
+GPU = C.GPU("toy", 1, bf16_flops=1e30, bandwidth=1e12, source="toy")  # memory-bound only
+ARCH = C.Arch(1, 8, 16, 2, 1, 4, 100, False, "toy")
+
+
+def engine(max_seqs=8, kv=1e9):
+    return T.Engine(arch=ARCH, b=1, gpu=GPU, kv_tokens=kv, max_seqs=max_seqs)
+
+
+def test_engine_iteration_cost_by_hand(monkeypatch):
+    monkeypatch.setattr(T, "ITERATION_S", 0.0)
+    monkeypatch.setattr(T, "BANDWIDTH_EFF", 1.0)
+    e = engine()
+    w = ARCH.params()  # bytes of weights read per iteration (b = 1)
+    kv = 2 * 1 * 4 * 1  # per context token
+    assert e.iteration_s([10, 20], []) == pytest.approx((w + kv * 30) / 1e12)
+    # one request: 4 tokens of prefill in one iteration (context 0), then 2 decodes at 4 and 5
+    q = [T._Req(0.0, 1, 0, 4, 2, 0)]
+    done = e.serve(q, 0.0)
+    assert e.iterations == 3
+    assert done == pytest.approx((3 * w + kv * (0 + 4 + 5)) / 1e12)
+
+
+def test_lock_step_waits_for_the_slowest_message_async_does_not(monkeypatch):
+    """A samples 6 then 1 tokens, B 1 then 6. Lock-step: each round lasts 1 prefill + 6 decode
+    iterations, 14 in all. Async: B's second message starts while A is still on its first
+    (iterations 3-9), A's second is 2 iterations: 9."""
+    monkeypatch.setattr(T, "ITERATION_S", 1.0)  # 1 s per iteration; weights etc. negligible
+    monkeypatch.setattr(T, "TOOL_S", 0.0)
+    eps = [[(1, 6), (1, 1)], [(1, 1), (1, 6)]]
+    lock, free = engine(), engine()
+    assert lock.run(eps, lock_step=True, shared=[False, False]) == pytest.approx(14, rel=1e-6)
+    assert free.run(eps, lock_step=False, shared=[False, False]) == pytest.approx(9, rel=1e-6)
+    assert (lock.iterations, free.iterations) == (14, 9)
+    # one slot (max_seqs 1): lock-step serves a round's messages one after another: 7 + 2, 2 + 7
+    one = engine(max_seqs=1)
+    assert one.run(eps, lock_step=True, shared=[False, False]) == pytest.approx(18, rel=1e-6)
+    # a closing segment that samples nothing is no model call
+    assert engine().run([[(1, 2), (1, 0)]], True, [False]) == pytest.approx(3, rel=1e-6)
+
+
+def test_kv_capacity_limits_concurrency(monkeypatch):
+    monkeypatch.setattr(T, "ITERATION_S", 1.0)
+    eps = [[(10, 2)], [(10, 2)]]  # each needs 12 tokens of KV
+    roomy, tight = engine(kv=100), engine(kv=15)
+    assert roomy.run(eps, False, [False, False]) == pytest.approx(3, rel=1e-6)  # together
+    assert tight.run(eps, False, [False, False]) == pytest.approx(6, rel=1e-6)  # one at a time
+
+
+def test_update_flops_by_hand():
+    lengths, groups = [4, 2], [[0, 1]]
+    n = ARCH.params() - ARCH.vocab * ARCH.hidden * 2  # non-embedding
+    # padded: 2 rows of 4 computed; attention 2 x layers x q_dim x (16 + 16)
+    fwd = 2 * n * 8 + 2 * 1 * 8 * 32
+    assert T.update_flops(ARCH, lengths, groups, False, 1, True, True, True) == fwd * (2 + 4)
+    packed = 2 * n * 6 + 2 * 1 * 8 * (16 + 4)
+    assert T.update_flops(ARCH, lengths, groups, True, 2, False, False, False) == packed * (
+        1 + 2 * 5
+    )
+
+
+def test_episode_shapes_are_the_measured_lengths():
+    shapes = T.episode_shapes()
+    lengths = sorted(sum(p + s for p, s in e) for e in shapes.values())
+    assert len(shapes) == 800 and lengths[-1] == 72_536  # README's token-budget table
+    assert 6_400 <= lengths[400] <= 6_600  # median 6,5xx
+
+
+def plan_cli(*args):
+    cmd = [sys.executable, "-m", "rcgrpo.cli", "plan", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_paper_preset_fits_8_h100_and_one_24gb_gpu_exits_2_with_one_line():
+    paper = ["--profile", "qwen2.5-7b-instruct", "--preset", "paper"]
+    out = plan_cli(*paper, "--gpus", "8", "--gpu-memory", "80")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for term in ("weights (frozen)", "LoRA + AdamW", "reference: frozen copy", "checkpointed",
+                 "one layer recomputed", "logits at the sampled positions", "vLLM KV cache",
+                 "rollouts, lock-step", "rollouts, async", "tokens/s/GPU", "NeMo RL"):  # fmt: skip
+        assert term in text, term
+    assert text.rstrip().endswith("fits: yes")
+    small = plan_cli(*paper, "--gpus", "1", "--gpu-memory", "24")
+    assert small.returncode == 2 and small.stdout == ""
+    lines = small.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: rl:") and "GPUs" in lines[0]
+    # the profile's own 81,920-token episodes do not fit beside vLLM on 80 GB: it says how
+    long = plan_cli(
+        *paper, "--gpus", "8", "--gpu-memory", "80", "--set", "rollout.max_total_tokens=0"
+    )
+    assert long.returncode == 2 and "cap rollout.max_total_tokens" in long.stderr
+
+
+@pytest.mark.slow
+def test_plan_formula_predicts_the_measured_peak_of_the_mix():
+    """bench/memory.py --mix at 1/16 of the 7B lengths (384-2,672 tokens, ~80 s): the token-budget
+    update's measured peak is within 25 % of what rcgrpo.training.plan.memory predicts, and at
+    most half of today's padded micro-batch's."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / "bench" / "memory.py"), "--mix", "--scale", "16",
+           "--threads", "1"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    measured = float(re.search(r"measured / predicted: ([\d.]+)", out.stdout).group(1))
+    ratio = float(re.search(r"token-budget/padded peak memory: ([\d.]+)", out.stdout).group(1))
+    assert 0.75 <= measured <= 1.25, out.stdout
+    assert ratio <= 0.5, out.stdout
