@@ -242,8 +242,11 @@ def main() -> None:
     model_cfg = ModelConfig(profile="qwen-shape", lora=False, compact_docs=not args.full_docs,
                             seed=args.seed)  # fmt: skip
     start, how = start_model(params, records, model_cfg, out, args.seed)
+    # micro-batches by count (10 rollouts = one per mini-batch), as TRL's per-device batch: then
+    # TRL's "bnpo" is rcgrpo's token-mean per mini-batch (a token budget would regroup them)
     extra = {"seed": args.seed, "save_every": 0, "steps": args.steps, "out_dir": str(out / "rl"),
-             "tasks_per_step": len(tasks), **({"group_size": args.group} if args.group else {})}  # fmt: skip
+             "tasks_per_step": len(tasks), "max_tokens_per_micro_batch": 0,
+             **({"group_size": args.group} if args.group else {})}  # fmt: skip
     rl_cfg = section(params, "rl", RLConfig, extra)
     budget = {} if args.full_docs else {"max_total_tokens": EPISODE_TOKENS}
     rollout_cfg = section(params, "rollout", RolloutConfig,
