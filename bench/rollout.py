@@ -34,6 +34,11 @@ reach. Last the ratio batched/naive in episodes/s (target >= 3x).
     .venv/bin/python bench/rollout.py --threads 2         # default: rcgrpo.runtime.torch_threads
     RCGRPO_TORCH_THREADS=2 .venv/bin/python bench/rollout.py
     .venv/bin/python bench/rollout.py --protocol combined --episodes 64
+
+`--schedulers`: lock-step vs async episodes on 1 and 2 vLLM servers instead (its own figures,
+described in bench/rollout_schedulers.py); the default output above is unchanged.
+
+    .venv/bin/python bench/rollout.py --schedulers
 """
 
 from __future__ import annotations
@@ -124,7 +129,9 @@ def timed(engine: Engine, tasks, protocol: str, seed: int, one_at_a_time: bool) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # workload
-    parser.add_argument("--episodes", type=int, default=32, help="BFCL train episodes")
+    parser.add_argument(
+        "--episodes", type=int, default=0, help="episodes (0: 32; 64 with --schedulers)"
+    )
     parser.add_argument("--protocol", default="bfcl", help="bfcl (turn by turn) | combined")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="per model message")
     parser.add_argument("--max-total-tokens", type=int, default=1536, help="per episode")
@@ -133,7 +140,19 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads, both engines (0 = the default)"
     )
+    # lock-step vs async on vLLM servers (bench/rollout_schedulers.py)
+    parser.add_argument("--schedulers", action="store_true", help="compare the schedulers")
+    parser.add_argument("--model", default="", help="--schedulers: a saved policy folder")
     args = parser.parse_args()
+    if args.schedulers:
+        import rollout_schedulers  # bench/ is on sys.path when run as a script
+
+        from rcgrpo.runtime import apply_defaults
+
+        apply_defaults()
+        args.episodes = args.episodes or 64
+        return rollout_schedulers.main(args)
+    args.episodes = args.episodes or 32
 
     from rcgrpo.bfcl.tasks import tasks_in
     from rcgrpo.models.loading import load_policy

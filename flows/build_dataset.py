@@ -1,7 +1,8 @@
 """Prefect flow: build the quality-labelled trajectory dataset and version it with DVC.
 
 experts -> failures (perturbations; rollouts of the base policy, by default params.yaml
-`model:`, when enabled; only failures of tool calling are kept, see failures.refusal) -> label ->
+`model:`, through the `rollout:` section's engine at the profile's budgets, when enabled; only
+failures of tool calling are kept, see failures.refusal) -> label ->
 write (into a staging folder) -> validate (Great Expectations) -> version (swap into data/,
 dvc add, git commit data.dvc, dvc push: one task under the build lock, recoverable after a
 kill, see rcgrpo.data.publishing). A failing suite raises before versioning, so data/ and
@@ -67,14 +68,22 @@ def generate_perturbations(cfg: DatasetConfig, split: str, tasks):
 
 @task(cache_policy=NONE)
 def generate_rollouts(
-    cfg: DatasetConfig, tasks_by_split: dict, model_overrides: dict | None = None
+    cfg: DatasetConfig,
+    tasks_by_split: dict,
+    model_overrides: dict | None = None,
+    rollout_overrides: dict | None = None,
 ) -> tuple[dict, dict | None]:
     """Failure source (a): base-policy rollouts of every split's tasks (one model load), screened
     by failures.refusal. Returns (split -> usable records, the manifest's rollouts summary or
-    None when none were tried). rollouts=auto skips, with a warning, when the engine or model
-    cannot be loaded. The policy is dataset.rollout_model: params.yaml `model:` by default."""
+    None when none were tried). The policy is dataset.rollout_model (params.yaml `model:` by
+    default); engine, scheduler and budgets are the `rollout:` section with rollout_overrides
+    (0 budgets = the profile's). rollouts=auto skips, with a warning, only when the engine or
+    the model cannot be loaded; a first prompt over the budget fails the build, naming it."""
+    from rcgrpo.config import load_section
     from rcgrpo.data.dataset import rollout_model
-    from rcgrpo.data.failures import RolloutReport, rollout_failures
+    from rcgrpo.data.failures import EngineUnavailable, RolloutReport, rollout_failures
+    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.execution import ExecutionConfig, session
 
     logger = get_run_logger()
     if cfg.rollouts == "off":
@@ -88,28 +97,26 @@ def generate_rollouts(
         )
         tasks += random.Random(f"{cfg.seed}:rollouts:{split}").sample(list(split_tasks), k)
     model = rollout_model(cfg, model_overrides)  # a params.yaml typo fails, even under auto
+    rollout = load_section("rollout", RolloutConfig, overrides=rollout_overrides)
     try:
-        from rcgrpo.config import load_section
-        from rcgrpo.rollout.execution import ExecutionConfig, session
-
         with session(load_section("execution", ExecutionConfig)) as backend:
-            logger.info("rollouts on %s", backend.tags())
-            report = rollout_failures(
-                tasks, cfg.protocol, cfg.seed, model, cfg.rollout_max_tokens, backend=backend
-            )
-    except Exception as e:
+            logger.info("rollouts on %s with rollout.engine=%s", backend.tags(), rollout.engine)
+            report = rollout_failures(tasks, cfg.protocol, cfg.seed, model, rollout, backend)
+    except EngineUnavailable as e:
         if cfg.rollouts == "on":
             raise
         logger.warning("rollouts=auto: engine unavailable (%s); perturbations only", e)
         who = {"profile": model.profile, "path": model.path, "seed": model.seed}
         skipped = RolloutReport(model=who)
-        return {}, {**skipped.summary(), "skipped": f"{type(e).__name__}: {e}"}
+        return {}, {**skipped.summary(), "skipped": str(e)}
     refused = {k: v for k, v in report.refused.items() if v}
     logger.info(
-        "rollouts of %s: %d tried, %d kept as failures, %d refused (%s)",
-        model.path or model.profile, report.tried, len(report.records),
+        "rollouts of %s (%s): %d tried, %d kept as failures, %d refused (%s)",
+        model.path or model.profile, report.settings, report.tried, len(report.records),
         sum(refused.values()), ", ".join(f"{k}: {v}" for k, v in refused.items()) or "none",
     )  # fmt: skip
+    if not report.records:
+        logger.warning("the base policy produced no usable failure: the low half is perturbations")
     by_split = {split: [r for r in report.records if r.split == split] for split in tasks_by_split}
     return by_split, report.summary()
 
@@ -222,12 +229,14 @@ def build_dataset_flow(
     cfg: DatasetConfig | None = None,
     overrides: dict | None = None,
     model_overrides: dict | None = None,
+    rollout_overrides: dict | None = None,
 ) -> dict:
     """Build, validate and version the dataset; returns rev, md5, the files' counts and the
     rollouts summary.
 
     cfg: the `dataset:` config (default: params.yaml); overrides: fields replaced on top;
-    model_overrides: on top of params.yaml `model:`, the policy rolled out by default.
+    model_overrides: on top of params.yaml `model:`, the policy rolled out by default;
+    rollout_overrides: on top of params.yaml `rollout:` (engine, scheduler, budgets).
     """
     cfg = _config(cfg, overrides)
     prepare(cfg)
@@ -235,7 +244,9 @@ def build_dataset_flow(
     for split in ("train", "test"):
         made[split] = generate_experts(cfg, split)
     tasks_by_split = {split: tasks for split, (tasks, _) in made.items()}
-    rollouts, rollout_summary = generate_rollouts(cfg, tasks_by_split, model_overrides)
+    rollouts, rollout_summary = generate_rollouts(
+        cfg, tasks_by_split, model_overrides, rollout_overrides
+    )
     for split, (tasks, report) in made.items():
         perturbed = generate_perturbations(cfg, split, tasks)
         rctp[split], sft[split] = label(cfg, report.experts, rollouts.get(split, []), perturbed)

@@ -82,8 +82,9 @@ def pipeline_flow(
         pid = run.info.run_id
         out["run_id"] = pid
         if "data" in stages:
-            built = build_dataset_flow(overrides=ov.get("dataset", {}),
-                                       model_overrides=ov.get("model"))  # a subflow  # fmt: skip
+            built = build_dataset_flow(overrides=ov.get("dataset", {}),  # a subflow
+                                       model_overrides=ov.get("model"),
+                                       rollout_overrides=ov.get("rollout"))  # fmt: skip
             out["data"] = {k: built.get(k) for k in ("rev", "md5", "counts") if k in built}
             tracking.log_metrics(pid, _counts(built.get("counts") or {}), 0)
         # the data version as it is now (after the build), on the pipeline run itself

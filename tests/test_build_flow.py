@@ -40,7 +40,8 @@ def config(root, **kw) -> DatasetConfig:
 def v1(prefect_server, tmp_path_factory):
     """A project with one version built by the flow, base-policy rollouts switched on."""
     root = make_project(tmp_path_factory.mktemp("flow") / "proj")
-    result = build_dataset_flow(config(root, rollouts="on", rollout_max_tokens=720))
+    budget = {"max_new_tokens": 64}  # the `rollout:` section's; episode budget: the profile's
+    result = build_dataset_flow(config(root, rollouts="on"), rollout_overrides=budget)
     return root, result
 
 
@@ -76,9 +77,27 @@ def test_flow_builds_a_validated_versioned_balanced_dataset(v1):
     assert rollouts == result["rollouts"] and rollouts["tried"] == 6  # 4 train + 2 test tasks
     assert rollouts["tried"] == rollouts["kept"] + sum(rollouts["refused"].values())
     assert generators["rollout"] <= rollouts["kept"]
+    assert rollouts["settings"]["engine"] == "hf" and rollouts["settings"]["max_new_tokens"] == 64
+    low = manifest["low_half"]["train"]  # the policy's own failures vs perturbations
+    assert low["policy_rollouts"] == generators["rollout"]
+    assert low["policy_rollouts"] + low["perturbations"] == 8
     (listed,) = versions(root)
     assert listed["rows"]["rctp/train.jsonl"] == {"high": 8, "low": 8}
     assert not list((root / ".dvc" / "tmp").glob("rcgrpo-staging-*"))  # nothing left half-done
+
+
+def test_a_prompt_over_the_budget_fails_the_build_even_under_auto(v1):
+    """rollouts=auto skips only an engine that cannot load; a first prompt over the episode
+    budget fails the build naming the budget (before: swallowed, perturbations only)."""
+    from rcgrpo.data.failures import RolloutBudgetError
+
+    root, _ = v1
+    before = _snapshot(root)
+    with pytest.raises(RolloutBudgetError, match=r"do not fit rollout.max_total_tokens = 600"):
+        build_dataset_flow(
+            config(root, rollouts="auto"), rollout_overrides={"max_total_tokens": 600}
+        )
+    assert _snapshot(root) == before
 
 
 def test_failing_suite_stops_before_versioning_and_keeps_the_previous_version(v1):

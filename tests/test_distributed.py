@@ -206,3 +206,22 @@ def test_a_ranks_share_samples_what_one_process_does():
     assert [r.ids for r in share] == [r.ids for r in sharded] == [r.ids for r in whole[2:]]
     alone = engine.rollout(tasks[2:], None, "bfcl", seed=3)  # without the offset: other seeds
     assert [r.ids for r in alone] != [r.ids for r in whole[2:]]
+
+
+@pytest.mark.parametrize("layout", [{"vllm_servers": 2}, {"vllm_devices": ("0",)},
+                                    {"tensor_parallel_size": 2}])  # fmt: skip
+def test_several_vllm_servers_per_rank_are_refused_under_a_launcher(monkeypatch, layout):
+    """Under torchrun / rcgrpo run --procs every rank would start all the listed servers on the
+    same GPUs: refused before anything loads (no model, no server, no data read)."""
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.training.grpo.run import run_rl
+    from rcgrpo.training.grpo.trainer import RLConfig
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    rollout = RolloutConfig(engine="vllm", **layout)
+    with pytest.raises(ValueError, match="under a launcher: every rank would start all"):
+        run_rl(RLConfig(init_path="/nonexistent"), ModelConfig(profile="tiny"), rollout)
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process may drive several servers
+    with pytest.raises(FileNotFoundError, match="initial model"):
+        run_rl(RLConfig(init_path="/nonexistent"), ModelConfig(profile="tiny"), rollout)

@@ -50,9 +50,14 @@ def local():
 
 
 def same(a, b):
+    """Same episodes, ids and rewards; log-probs to 1e-5: the local backend runs the whole call
+    in one batch, Ray in shards, and other matmul shapes can move the last bits."""
+    import torch
+
     assert [r.task_id for r in a] == [r.task_id for r in b]
     assert [r.ids for r in a] == [r.ids for r in b]
-    assert [r.logprobs for r in a] == [r.logprobs for r in b]
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
     assert [r.reward for r in a] == [r.reward for r in b]
 
 
@@ -109,7 +114,13 @@ def test_rl_steps_and_eval_report_equal_on_both_backends(cluster, tmp_path):
             history = Trainer(policy, engine, tasks_in("train")[:4], cfg).train()
         return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in history]
 
-    assert rl(CFG, tmp_path / "ray") == rl(ExecutionConfig(shard_size=2), tmp_path / "local")
+    ray_run, local_run = (
+        rl(CFG, tmp_path / "ray"),
+        rl(ExecutionConfig(shard_size=2), tmp_path / "local"),
+    )
+    for r, loc in zip(ray_run, local_run, strict=True):  # the engine's log-probs: last bits
+        assert abs(r.pop("rollout/logprob_gap") - loc.pop("rollout/logprob_gap")) < 1e-6
+    assert ray_run == local_run  # the same rewards, losses, token counts and hit rate
 
     ecfg = EvalConfig(protocol="combined", other_protocol=False, tokens=("high", "low"),
                       limit=1, out_dir=str(tmp_path / "e"))  # fmt: skip
@@ -129,7 +140,8 @@ def test_dataset_rollout_failures_equal_on_both_backends(cluster):
     reports = []
     for exec_cfg in (ExecutionConfig(shard_size=2), CFG):
         with session(exec_cfg) as backend:
-            reports.append(rollout_failures(tasks, "combined", 0, SPEC.model, 1024, backend))
+            budget = RolloutConfig(max_new_tokens=128, max_total_tokens=1024)
+            reports.append(rollout_failures(tasks, "combined", 0, SPEC.model, budget, backend))
     assert reports[0].summary() == reports[1].summary()
     assert [r.to_json() for r in reports[0].records] == [r.to_json() for r in reports[1].records]
 

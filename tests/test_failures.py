@@ -24,6 +24,7 @@ from rcgrpo.data.failures import (
 )
 from rcgrpo.data.perturbations import perturbations
 from rcgrpo.models.profiles import ModelConfig
+from rcgrpo.rollout.engine import RolloutConfig
 
 SYSTEM = {"role": "system", "content": "You are an agent."}
 USER = {"role": "user", "content": "Step 1: move report.txt into the archive folder."}
@@ -137,7 +138,7 @@ def tiny_report():
     tasks = [get_task(t) for t in ("multi_turn_base_30", "multi_turn_miss_func_76")]
     tasks.append(get_task("multi_turn_long_context_156"))
     return rollout_failures(tasks, "combined", seed=0, model=ModelConfig(profile="tiny"),
-                            max_total_tokens=720)  # fmt: skip
+                            rollout=RolloutConfig(max_new_tokens=128))  # fmt: skip
 
 
 def test_real_rollouts_of_the_tiny_policy_obey_the_rule(tiny_report):
@@ -151,3 +152,24 @@ def test_real_rollouts_of_the_tiny_policy_obey_the_rule(tiny_report):
     summary = report.summary()
     assert summary["model"] == {"profile": "tiny", "path": "", "seed": 0}
     assert summary["kept"] == len(report.records) and summary["refused"] == report.refused
+    # the `rollout:` section's engine, at the profile's episode budget (0 = the profile's)
+    assert summary["settings"] == {"engine": "hf", "scheduler": "async", "protocol": "combined",
+                                   "max_new_tokens": 128, "max_total_tokens": 73728}  # fmt: skip
+    assert report.refused["no_assistant_message"] == 0  # every episode could start
+    if not report.records:  # a random stand-in may make no usable call: the manifest says so
+        assert "perturbations only" in summary["note"]
+
+
+def test_a_prompt_over_the_budget_is_an_error_naming_the_budget():
+    """The long_context prompt (929 tokens with the tiny profile) does not fit 720 tokens: the
+    build fails in one line naming rollout.max_total_tokens, before any rollout runs (before, the
+    episode stopped at 0 tokens and its refusal was counted silently)."""
+    from rcgrpo.data.failures import RolloutBudgetError
+
+    tasks = [get_task("multi_turn_base_30"), get_task("multi_turn_long_context_156")]
+    with pytest.raises(RolloutBudgetError) as err:
+        rollout_failures(tasks, "combined", 0, ModelConfig(profile="tiny"),
+                         RolloutConfig(max_total_tokens=720))  # fmt: skip
+    message = str(err.value)
+    assert "\n" not in message and "rollout.max_total_tokens = 720" in message
+    assert "1 of 2" in message and "multi_turn_long_context_156, 929 tokens" in message

@@ -134,7 +134,7 @@ def test_paper_preset_fits_8_h100_and_one_24gb_gpu_exits_2_with_one_line():
     text = out.stdout
     for term in ("weights (frozen)", "LoRA + AdamW", "reference: frozen copy", "checkpointed",
                  "one layer recomputed", "logits at the sampled positions", "vLLM KV cache",
-                 "rollouts, lock-step", "rollouts, async", "tokens/s/GPU", "NeMo RL"):  # fmt: skip
+                 "scheduler lockstep", "scheduler async", "tokens/s/GPU", "NeMo RL"):  # fmt: skip
         assert term in text, term
     assert text.rstrip().endswith("fits: yes")
     small = plan_cli(*paper, "--gpus", "1", "--gpu-memory", "24")

@@ -7,7 +7,9 @@ swapped into `data/` whole):
     rctp/{train,test}.jsonl   labelled mixed set (experts high + failures low, 1:1 by default)
     sft/{train,test}.jsonl    experts, no reward goal (plain SFT baseline)
     manifest.json             config, counts per split/label/generator, experts that failed,
-                              rollouts tried / kept / refused by reason and the model rolled out
+                              rollouts tried / kept / refused by reason, the model rolled out and
+                              the engine and budgets it ran with, and per split how many low rows
+                              are the policy's own failures and how many are perturbations
 
 Builds are deterministic: the same config gives the same bytes (and so the same DVC md5), which is
 why Provenance.created_at stays empty; a build's date is the git commit of data.dvc.
@@ -59,10 +61,9 @@ class DatasetConfig:
     # source (a): auto = on if the engine loads. YAML reads a bare on/off as a bool: accepted.
     rollouts: Literal["auto", "on", "off"] | bool = "auto"
     # base policy rolled out: "" = params.yaml `model:` as it is (the policy's own profile, path
-    # and seed: failures of the model being trained); a profile name = that profile instead
+    # and seed: failures of the model being trained); a profile name = that profile instead.
+    # Engine, scheduler and token budgets: the `rollout:` section (0 budgets = the profile's).
     rollout_profile: str = ""
-    # token budget of one rollout episode (prompt included)
-    rollout_max_tokens: int = ranged(1024, "[1, inf)")
     # most of the low half taken from rollouts (rest perturbations)
     rollout_share: float = ranged(0.5, "[0, 1]")
     commit: bool = True  # git-commit data.dvc after a valid build
@@ -175,6 +176,15 @@ def tasks_of(path: str | Path, split: str) -> list[Task]:
     return tasks
 
 
+def low_sources(rows: list[Trajectory]) -> dict:
+    """Where the low rows of a mixed file come from: the policy's own rollouts or perturbations."""
+    low = [r.provenance.generator for r in rows if r.paper_reward != 1]
+    return {
+        "policy_rollouts": sum(g == "rollout" for g in low),
+        "perturbations": sum(g.startswith("perturbation:") for g in low),
+    }
+
+
 def counts(rows: list[Trajectory]) -> dict:
     """{"high": n, "low": n, "generators": {...}} of one file."""
     labels = Counter("high" if r.paper_reward == 1 else "low" for r in rows)
@@ -216,6 +226,7 @@ def write_dataset(
         "files": files,
         "expert_failures": expert_failures,  # ground truths that did not score 1, by task id
         "rollouts": rollouts,  # tried == kept + sum(refused): failures.refusal's reasons
+        "low_half": {split: low_sources(rctp[split]) for split in SPLITS},
     }
     tmp = out / ".manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True, default=list) + "\n")

@@ -3,10 +3,15 @@
 (b) "perturbation:<kind>": an expert's calls changed the way real agents get them wrong, then
     re-executed and re-scored (rcgrpo.data.perturbations: the kinds); only reward-0
     trajectories are returned.
-(a) "rollout": rollouts of the base policy through issue 3's engine (`rollout_failures`), kept
-    when `refusal` finds nothing wrong: paper reward 0, an assistant message, and at least one
-    call the executor parsed and dispatched (a random policy's prose is noise, not a failure of
-    tool calling). Optional: perturbations alone give a full balanced set.
+(a) "rollout": rollouts of the base policy through the configured engine (`rollout_failures`:
+    the `rollout:` section, engine and scheduler as configured, the profile's token budgets
+    where it leaves them at 0), kept when `refusal` finds nothing wrong: paper reward 0, an
+    assistant message, and at least one call the executor parsed and dispatched (a random
+    policy's prose is noise, not a failure of tool calling). A first prompt over the episode
+    budget is an error naming the budget (`RolloutBudgetError`), never a silent switch to
+    perturbations; only an engine or model that cannot be loaded is `EngineUnavailable` (the
+    build's `rollouts: auto` skips on that alone). Optional: perturbations alone give a full
+    balanced set.
 The same rule screens perturbations and, in the dataset build, every rollout given to the low half.
 
     .venv/bin/pytest tests/test_failures.py -q
@@ -19,10 +24,19 @@ from typing import TYPE_CHECKING
 
 from rcgrpo.bfcl.tasks import Task
 from rcgrpo.chat.record import Trajectory
+from rcgrpo.config import ConfigError
 from rcgrpo.data.experts import DONE
 
 if TYPE_CHECKING:
     from rcgrpo.models.profiles import ModelConfig
+
+class RolloutBudgetError(ConfigError):
+    """A base-policy rollout cannot start: its first prompt is over the episode budget."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The rollout engine or the base model cannot be loaded (`rollouts: auto` skips then)."""
+
 
 # Why a trajectory is refused as a low-reward example, in the order `refusal` checks them.
 REFUSALS = ("reward_1", "no_assistant_message", "no_parsed_call", "empty_assistant_message")
@@ -77,6 +91,7 @@ class RolloutReport:
     tried: int = 0
     refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSALS, 0))
     model: dict | None = None  # {"profile", "path", "seed"} of the policy rolled out
+    settings: dict | None = None  # engine, scheduler, protocol and token budgets of the rollouts
 
     def add(self, record: Trajectory) -> bool:
         """Count `record`; keep it if it is a usable failure (returned True)."""
@@ -90,12 +105,20 @@ class RolloutReport:
 
     def summary(self) -> dict:
         """The manifest's `rollouts` entry; tried == kept + sum(refused.values())."""
-        return {
+        out = {
             "model": self.model,
             "tried": self.tried,
             "kept": len(self.records),
             "refused": dict(self.refused),
         }
+        if self.settings is not None:
+            out["settings"] = self.settings
+        if self.tried and not self.records:
+            out["note"] = (
+                "the base policy produced no usable failure (every rollout refused: see "
+                "refused); the low half is perturbations only"
+            )
+        return out
 
 
 def rollout_failures(
@@ -103,37 +126,65 @@ def rollout_failures(
     protocol: str,
     seed: int,
     model: ModelConfig,
-    max_total_tokens: int = 0,
+    rollout=None,
     backend=None,
 ) -> RolloutReport:
     """Usable failures (`refusal` is None) among rollouts of the base policy of `model`.
 
     `model` is loaded as given (profile, path, seed, dtype, device): the dataset build passes the
-    policy's own params.yaml `model:` (dataset.rollout_model). One rollout per task, no reward
-    goal (the base policy has never seen one), sampling seeded with `seed`. The split of each
-    record comes from the committed split file. Raises ImportError (or the loader's error) when
-    the engine or its model cannot be loaded; the caller decides whether that is an error
-    (rollouts: "on") or a skip (rollouts: "auto"). max_total_tokens 0 = the profile's episode
-    budget (a fixed small one would stop every full-docs prompt before its first token); 128
-    tokens per message bound the base model's rambling (a cut message is no usable failure).
+    policy's own params.yaml `model:` (dataset.rollout_model). `rollout`: the `rollout:` section
+    (a RolloutConfig; None = its defaults), used as it is but for `protocol`: its engine and
+    scheduler, and its token budgets, whose 0 means the profile's (`for_policy`). One rollout
+    per task, no reward goal (the base policy has never seen one), sampling seeded with `seed`.
+    Raises EngineUnavailable when the engine or model cannot be loaded, RolloutBudgetError
+    (naming the budget) when a first prompt leaves no room for a token.
     """
-    from rcgrpo.models.loading import load_policy
+    from dataclasses import replace
+
     from rcgrpo.rollout.engine import RolloutConfig
-    from rcgrpo.rollout.execution import make_engine  # heavy: torch, transformers
 
-    policy = load_policy(model)
-    rollout_cfg = RolloutConfig(
-        protocol=protocol, max_new_tokens=128, max_total_tokens=max_total_tokens
+    rollout_cfg = replace(rollout or RolloutConfig(), protocol=protocol)
+    try:
+        from rcgrpo.models.loading import load_policy
+        from rcgrpo.rollout.execution import make_engine  # heavy: torch, transformers
+
+        policy = load_policy(model)
+        engine = make_engine(rollout_cfg, policy)
+    except Exception as e:
+        raise EngineUnavailable(f"{type(e).__name__}: {e}") from e
+    local = engine
+    settings = {k: getattr(engine.cfg, k) for k in
+                ("engine", "scheduler", "protocol", "max_new_tokens", "max_total_tokens")}  # fmt: skip
+    report = RolloutReport(
+        model={"profile": model.profile, "path": model.path, "seed": model.seed}, settings=settings
     )
-    engine = make_engine(rollout_cfg, policy)
-    if backend is not None:  # rcgrpo.rollout.execution: the same shards, local or on Ray workers
-        from rcgrpo.rollout.execution import RolloutSpec
+    try:  # the engine (a vLLM server's GPU memory, tool workers) is released before training
+        check_budget(engine, tasks, protocol, model.profile)
+        if backend is not None:  # rcgrpo.rollout.execution: this process, or shards on Ray
+            from rcgrpo.rollout.execution import RolloutSpec
 
-        engine = backend.engine(policy, RolloutSpec(model, None, rollout_cfg), local_engine=engine)
-    report = RolloutReport(model={"profile": model.profile, "path": model.path, "seed": model.seed})
-    for rollout in engine.rollout(list(tasks), reward_tokens=None, protocol=protocol, seed=seed):
-        record = rollout.trajectory
-        record.provenance.generator = "rollout"
-        record.provenance.seed = seed
-        report.add(record)
+            spec = RolloutSpec(model, None, rollout_cfg)
+            engine = backend.engine(policy, spec, local_engine=engine)
+        for rollout_ in engine.rollout(list(tasks), None, protocol, seed):
+            record = rollout_.trajectory
+            record.provenance.generator = "rollout"
+            record.provenance.seed = seed
+            report.add(record)
+    finally:
+        local.close()
     return report
+
+
+def check_budget(engine, tasks: list[Task], protocol: str, profile: str) -> None:
+    """RolloutBudgetError when a task's first prompt (no reward goal) leaves no room for one
+    sampled token in the engine's episode budget (rollout.max_total_tokens)."""
+    budget = engine.cfg.max_total_tokens
+    lengths = engine.prompt_lengths(tasks, None, protocol)
+    over = [(n, t.id) for n, t in zip(lengths, tasks, strict=True) if n + 1 >= budget]
+    if over:
+        longest, task_id = max(over)
+        raise RolloutBudgetError(
+            f"dataset rollouts: {len(over)} of {len(tasks)} first prompts ({profile}, {protocol} "
+            f"protocol) do not fit rollout.max_total_tokens = {budget} (longest: {task_id}, "
+            f"{longest} tokens); raise it, or set it to 0 for the profile's budget"
+        )

@@ -101,13 +101,17 @@ class AgentLoop:
         limits: Limits = Limits(),
         compact_docs: bool = True,
         provenance: Provenance | None = None,
+        sandbox=None,
     ):
         if protocol not in ("bfcl", "combined"):
             raise ValueError(f"protocol must be 'bfcl' or 'combined', got {protocol!r}")
         self.task, self.renderer, self.protocol, self.limits = task, renderer, protocol, limits
         self.reward_token, self.compact = reward_token, compact_docs
         self.provenance = provenance or Provenance(generator="rollout")
-        self.episode = Episode(task, hide_missed=protocol == "bfcl", step_limit=limits.max_steps)
+        # sandbox: the tool worker of this episode (None: this thread's, rcgrpo.bfcl.sandbox)
+        self.episode = Episode(
+            task, hide_missed=protocol == "bfcl", step_limit=limits.max_steps, sandbox=sandbox
+        )
         self.episode.begin_turn(0)
         self.messages, self.tools = first_messages(
             task, self.episode, protocol, reward_token, compact_docs

@@ -1,11 +1,15 @@
 """The rollout engine interface: many BFCL episodes in flight, batched generation underneath.
 
-`Engine.rollout(tasks, reward_tokens, protocol, seed)` creates one AgentLoop per task (repeat a
-task G times for a GRPO group), then repeatedly gathers every episode waiting for the model and
-generates their next messages in one batched call (`generate`, the engine-specific part; an
-engine may also keep per-episode state, dropped in `finished`), until all episodes are over.
-Seeds are per episode and per step, `(seed, episode index, step)`, so an episode's samples do not
-depend on which other episodes share its batch.
+`Engine.rollout(tasks, reward_tokens, protocol, seed)` runs one AgentLoop per task (repeat a
+task G times for a GRPO group) until all episodes are over, through the scheduler that
+rollout.scheduler names (rcgrpo.rollout.scheduler: `async`, every episode in flight at once up to
+rollout.max_in_flight, or `lockstep` rounds). The engine-specific parts: `generate` (a batch of
+prompts, one message each), `client` (how the async scheduler reaches the model: rounds of
+`generate` by default, one request at a time for a server) and `sync` (new weights); an engine
+may keep per-episode state, dropped in `finished`. Seeds are per episode and per step,
+`(seed, episode index, step)`, so an episode's samples do not depend on which other episodes
+share its batch. After each call `last_stats` holds what it cost (prompt tokens sent and
+prefilled, prefix-cache hit rate, busy fraction): the RL step logs them.
 
     from rcgrpo.rollout.execution import make_engine
     engine = make_engine(RolloutConfig(), policy)
@@ -14,70 +18,21 @@ depend on which other episodes share its batch.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rcgrpo.bfcl.tasks import Task
 from rcgrpo.chat.prompts import Renderer
 from rcgrpo.chat.record import Provenance
-from rcgrpo.config import ranged
-from rcgrpo.rollout.agent_loop import AgentLoop, Limits, Rollout
+from rcgrpo.rollout import scheduler
+from rcgrpo.rollout.agent_loop import AgentLoop, Rollout
 from rcgrpo.rollout.agent_loop import results as scored_results
+from rcgrpo.rollout.config import RolloutConfig
+from rcgrpo.rollout.scheduler import Clock, RoundBatcher, ToolPool, episode_seed
 
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    """params.yaml `rollout:` section."""
-
-    engine: str = "hf"  # "hf" (transformers generate loop) | "vllm" (vLLM server, own venv)
-    protocol: str = "combined"  # "combined" (paper, Step 1..n + done()) | "bfcl" (turn by turn)
-    temperature: float = ranged(1.0, "[0, inf)")  # 0 = greedy
-    top_p: float = ranged(1.0, "(0, 1]")  # nucleus sampling mass
-    # per model message (0 = the model profile's, rcgrpo.models.profiles.PROFILES)
-    max_new_tokens: int = ranged(0, "[0, inf)")
-    # per episode: prompt + every turn (0 = the model profile's)
-    max_total_tokens: int = ranged(0, "[0, inf)")
-    max_steps: int = ranged(20, "[1, inf)")  # model messages per turn (BFCL's step limit)
-    max_batch: int = ranged(64, "[1, inf)")  # most sequences in one batched generate call
-    prefix_cache: bool = True  # hf: an episode's next message prefills only its new tokens
-    # hf on the CPU: torch threads while generating (0 = runtime.torch_threads)
-    threads: int = ranged(0, "[0, inf)")
-    # vllm only: share of GPU memory for the engine
-    vllm_gpu_memory_utilization: float = ranged(0.6, "(0, 1]")
-    vllm_max_lora_rank: int = ranged(64, "[1, inf)")  # vllm only: upper bound on the adapter rank
-
-    def __post_init__(self):
-        if self.engine not in ("hf", "vllm"):
-            raise ValueError(f"rollout.engine must be 'hf' or 'vllm', got {self.engine!r}")
-        if self.protocol not in ("bfcl", "combined"):
-            raise ValueError(f"rollout.protocol must be 'bfcl' or 'combined': {self.protocol!r}")
-        if not 0 < self.top_p <= 1 or self.temperature < 0:
-            raise ValueError("rollout.top_p must be in (0, 1] and temperature >= 0")
-        if self.max_new_tokens < 0 or self.max_total_tokens < 0:
-            raise ValueError(
-                "rollout.max_new_tokens / max_total_tokens must be >= 0 (0 = profile's)"
-            )
-        if self.threads < 0:
-            raise ValueError(f"rollout.threads must be >= 0 (0 = default), got {self.threads}")
-
-    @property
-    def limits(self) -> Limits:
-        if not (self.max_new_tokens and self.max_total_tokens):
-            raise ValueError("token limits unresolved: call RolloutConfig.for_policy(policy)")
-        return Limits(self.max_new_tokens, self.max_total_tokens, self.max_steps)
-
-    def for_policy(self, policy) -> RolloutConfig:
-        """This config with every 0 token limit set to the policy's profile budget."""
-        from dataclasses import replace
-
-        from rcgrpo.models.profiles import PROFILES
-
-        profile = PROFILES[policy.config.profile]
-        return replace(
-            self,
-            max_new_tokens=self.max_new_tokens or profile.max_new_tokens,
-            max_total_tokens=self.max_total_tokens or profile.max_total_tokens,
-        )
+__all__ = ["Engine", "RolloutConfig", "Sample", "check_sampled", "episode_seed"]
 
 
 @dataclass
@@ -89,35 +44,47 @@ class Sample:
     logprobs: list[float]
 
 
-def episode_seed(seed: int, index: int, step: int) -> int:
-    """A 63-bit seed for (run seed, episode, step): mixes with large odd constants."""
-    return (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB) & (
-        (1 << 63) - 1
-    )
-
-
 class Engine:
-    """Base class: the episode scheduler. Subclasses implement `generate` and `sync`."""
+    """Base class: runs the episodes of a rollout call through the configured scheduler.
+    Subclasses implement `generate` and `sync`; a server engine also overrides `client`."""
 
     def __init__(self, cfg: RolloutConfig, policy):
         self.cfg = cfg.for_policy(policy)  # 0 token limits = the profile's budgets
         self.policy = policy
         self.renderer = Renderer(policy.tokenizer, policy.stop_id, getattr(policy, "also_stop", ()))
         self.generated_tokens = 0  # running count, for benchmarks and logs
+        self.prompt_tokens = 0  # running count of the prompt tokens of every request
+        self.prefilled_tokens = 0  # of those, the ones the model computed (no cache hit)
+        self.busy = Clock()  # time during which the model had a request in progress
+        self.tools = ToolPool(self.cfg.tool_workers)  # async: tool calls of episodes at once
+        self.in_flight_max = 0  # most episodes in flight at once in the last rollout
+        self.last_stats: dict[str, float] = {}  # the last rollout's engine metrics
+        self._count = threading.Lock()  # the running counts, updated from many threads
 
     def generate(
-        self, prompts: list[list[int]], max_new: list[int], seeds: list[int]
+        self, prompts: list[list[int]], max_new: list[int], seeds: list[int], episodes=None
     ) -> list[Sample]:
-        """Continue every prompt by one message (until the stop token or max_new[i] tokens)."""
+        """Continue every prompt by one message (until the stop token or max_new[i] tokens).
+        episodes: the episode index of each prompt (a server engine routes by it)."""
         raise NotImplementedError
 
     def sync(self, policy) -> None:
         """Serve the weights of `policy` from now on (call after every optimizer step)."""
         raise NotImplementedError
 
-    def finished(self, ids: list[int]) -> None:
+    def finished(self, ids: list[int], episode: int | None = None) -> None:
         """An episode of the running rollout is over, `ids` its final sequence: an engine that
-        keeps per-episode state (HFEngine's K/V) drops it here."""
+        keeps per-episode state (HFEngine's K/V, the vLLM router's server choice) drops it."""
+
+    def close(self) -> None:
+        """Release what the engine holds beside the model (its tool workers; servers)."""
+        self.tools.close()
+
+    def client(self, flight):
+        """What the async scheduler sends each request to: a blocking, thread-safe callable
+        (prompt, max_new, seed, episode) -> Sample with `finished(ids, episode)`, used as a
+        context manager. Default: rounds of `generate` (scheduler.RoundBatcher)."""
+        return RoundBatcher(self, flight)
 
     def rollout(
         self,
@@ -135,33 +102,65 @@ class Engine:
         if len(reward_tokens) != len(tasks):
             raise ValueError(f"{len(reward_tokens)} reward tokens for {len(tasks)} tasks")
         protocol = protocol or self.cfg.protocol
-        loops = [
-            AgentLoop(
-                task, self.renderer, protocol, token, self.cfg.limits, self.policy.compact_docs,
-                Provenance(generator="rollout", model=self.policy.name, seed=seed),
+        provenance = Provenance(generator="rollout", model=self.policy.name, seed=seed)
+
+        def make_loop(i: int, sandbox=None) -> AgentLoop:
+            return AgentLoop(
+                tasks[i], self.renderer, protocol, reward_tokens[i], self.cfg.limits,
+                self.policy.compact_docs, replace(provenance), sandbox=sandbox,
+            )  # fmt: skip
+
+        before, start = self.counters(), time.perf_counter()
+        if self.cfg.scheduler == "lockstep":
+            loops = [make_loop(i) for i in range(len(tasks))]
+            self.in_flight_max = len(loops)
+            scheduler.lockstep(self, loops, seed, first_index)
+        else:
+            loops = scheduler.run_async(
+                self, lambda i: make_loop(i, self.tools.sandbox(i)), len(tasks), seed, first_index
             )
-            for task, token in zip(tasks, reward_tokens, strict=True)
-        ]  # fmt: skip
-        steps = [0] * len(loops)
-        while waiting := [i for i, loop in enumerate(loops) if loop.pending() is not None]:
-            # Longest first: sequences of similar length share a batch (less padding).
-            waiting.sort(key=lambda i: -len(loops[i].ids))
-            for start in range(0, len(waiting), self.cfg.max_batch):
-                batch = waiting[start : start + self.cfg.max_batch]
-                samples = self.generate(
-                    [loops[i].ids for i in batch],
-                    [loops[i].max_new() for i in batch],
-                    [episode_seed(seed, first_index + i, steps[i]) for i in batch],
-                )
-                for i, sample in zip(batch, samples, strict=True):
-                    self.generated_tokens += len(sample.ids)
-                    loops[i].feed(sample.ids, sample.logprobs)
-                    steps[i] += 1
-                    if loops[i].pending() is None:
-                        self.finished(loops[i].ids)
+        wall = time.perf_counter() - start
         results = scored_results(loops)  # one scoring request for the whole batch
         check_sampled(results, self.cfg.max_total_tokens)
+        self.last_stats = self.stats(before, self.counters(), wall)
         return results
+
+    def prompt_lengths(self, tasks: Sequence[Task], reward_token: str | None = None,
+                       protocol: str | None = None) -> list[int]:  # fmt: skip
+        """Tokens of each task's first prompt as `rollout` would send it (its reward goal, the
+        profile's tool docs): check them against cfg.max_total_tokens before rolling out."""
+        from rcgrpo.bfcl.environment import Episode
+        from rcgrpo.rollout.agent_loop import first_messages
+
+        protocol, lengths = protocol or self.cfg.protocol, []
+        for task in tasks:
+            episode = Episode(task, hide_missed=protocol == "bfcl")
+            episode.begin_turn(0)
+            messages, tools = first_messages(
+                task, episode, protocol, reward_token, self.policy.compact_docs
+            )
+            lengths.append(len(self.renderer.prompt(messages, tools)))
+        return lengths
+
+    # -- what a rollout cost -----------------------------------------------------------------------
+    def counters(self) -> dict[str, float]:
+        """Running totals, read before and after a rollout call (`stats` takes the difference)."""
+        return {"prompt": self.prompt_tokens, "prefilled": self.prefilled_tokens,
+                "busy": self.busy.busy}  # fmt: skip
+
+    def stats(self, before: dict, after: dict, wall: float) -> dict[str, float]:
+        """The engine's metrics of one rollout call (names defined in docs/metrics.md)."""
+        sent, prefilled = (
+            after["prompt"] - before["prompt"],
+            after["prefilled"] - before["prefilled"],
+        )
+        return {
+            "rollout/prompt_tokens": float(sent),
+            "rollout/prefill_tokens": float(prefilled),
+            "rollout/prefix_cache_hit_rate": 1.0 - prefilled / sent if sent else 0.0,
+            "perf/engine_busy_frac": (after["busy"] - before["busy"]) / wall if wall else 0.0,
+            "perf/in_flight_max": float(self.in_flight_max),
+        }
 
 
 def check_sampled(rollouts: list[Rollout], budget: int) -> None:

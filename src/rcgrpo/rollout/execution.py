@@ -1,11 +1,13 @@
 """Where rollouts run: in this process (`local`, the default) or on Ray workers (`ray`).
 
-The one module that imports ray (only when execution.backend is "ray"). A rollout call is cut
-into shards of `shard_size` episodes (whole GRPO groups in RL); each episode keeps its index in
-the whole call (Engine.rollout's first_index), so its sampling seeds do not depend on which
-shard or worker runs it. The local backend runs the very same shards in order in this process:
-the HF engine's batch composition (padding length, batched matmuls) could change the last bit
-of a logit, so both backends batch exactly the same episodes and give identical numbers.
+The one module that imports ray (only when execution.backend is "ray"). On Ray a rollout call is
+cut into shards of `shard_size` episodes (whole GRPO groups in RL), one per worker at a time;
+each episode keeps its index in the whole call (Engine.rollout's first_index), so its sampling
+seeds do not depend on which shard or worker runs it. The local backend runs the whole call in
+one `Engine.rollout`, every episode in flight at once (rollout.scheduler, rollout.max_in_flight):
+no shard waits for the one before it. Ray and local then give the same ids and rewards; the HF
+engine's log-probs can differ in the last bits (another batch composition, other matmul sizes),
+which is why tests/test_execution.py compares them to 1e-5.
 
 Ray workers are actors (`RolloutWorker`) that build their own policy and engine from what is
 sent (ModelConfig, model path, RolloutConfig; task ids; for RL the trainable weights of the
@@ -47,7 +49,7 @@ class ExecutionConfig:
     gpus_per_worker: float = ranged(0.0, "[0, inf)")
     # Ray memory reserved per worker (scheduling)
     memory_per_worker_gb: float = ranged(2.0, "[0, inf)")
-    # episodes per shard, both backends (RL: rounded up to whole groups)
+    # ray: episodes per shard (RL: rounded up to whole groups); local runs one call
     shard_size: int = ranged(16, "[1, inf)")
     max_retries: int = ranged(3, "[0, inf)")  # restarts of a dead worker and retries of its shard
 
@@ -110,18 +112,44 @@ def _load(spec: RolloutSpec):
 
 
 def run_shard(engine, task_ids, tokens, protocol, seed, first_index):
+    """(rollouts, the engine's metrics) of one shard."""
     from rcgrpo.bfcl.tasks import get_task
 
     tasks = [get_task(t) for t in task_ids]
-    return engine.rollout(tasks, list(tokens), protocol, seed, first_index=first_index)
+    out = engine.rollout(tasks, list(tokens), protocol, seed, first_index=first_index)
+    return out, dict(engine.last_stats)
+
+
+def merge_stats(parts: list[dict]) -> dict:
+    """The engine metrics of a call run as shards: token counts summed, the hit rate over all
+    of them, busy fractions averaged, the most episodes any worker had in flight."""
+    if not parts:
+        return {}
+    sent = sum(p.get("rollout/prompt_tokens", 0.0) for p in parts)
+    prefilled = sum(p.get("rollout/prefill_tokens", 0.0) for p in parts)
+    return {
+        "rollout/prompt_tokens": sent,
+        "rollout/prefill_tokens": prefilled,
+        "rollout/prefix_cache_hit_rate": 1.0 - prefilled / sent if sent else 0.0,
+        "perf/engine_busy_frac": sum(p.get("perf/engine_busy_frac", 0.0) for p in parts)
+        / len(parts),
+        "perf/in_flight_max": max(p.get("perf/in_flight_max", 0.0) for p in parts),
+    }
 
 
 class ShardedEngine:
-    """The Engine interface (rollout, sync) over shards, run locally or on Ray workers."""
+    """The Engine interface (rollout, sync) in this process (one call, no shards) or over
+    shards on Ray workers."""
 
     def __init__(self, local_engine=None, actors=None, group: int = 1, shard_size: int = 16):
         self.local, self.actors, self.group, self.size = local_engine, actors, group, shard_size
         self.weights, self.version = None, 0
+        self.shard_stats: list[dict] = []  # Ray: each shard's engine metrics, last call
+
+    @property
+    def last_stats(self) -> dict:
+        """The engine metrics of the last call (Ray: merged over its shards)."""
+        return self.local.last_stats if self.local is not None else merge_stats(self.shard_stats)
 
     def sync(self, policy) -> None:
         if self.local is not None:
@@ -135,23 +163,19 @@ class ShardedEngine:
         RL step, rcgrpo.training.distributed), as in Engine.rollout."""
         if reward_tokens is None or isinstance(reward_tokens, str):
             reward_tokens = [reward_tokens] * len(tasks)
+        if self.local is not None:  # every episode in one call: all in flight at once
+            return self.local.rollout(tasks, reward_tokens, protocol, seed, first_index=first_index)
         ids = [t.id for t in tasks]
         bounds = shard_bounds(len(tasks), self.size, self.group)
         at = first_index
-        if self.local is not None:  # the same shards, in order, in this process
-            out = []
-            for s, e in bounds:
-                out += self.local.rollout(
-                    tasks[s:e], reward_tokens[s:e], protocol, seed, first_index=at + s
-                )
-            return out
         from ray.util import ActorPool
 
         pool = ActorPool(self.actors)
         args = [(ids[s:e], reward_tokens[s:e], protocol, seed, at + s) for s, e in bounds]
         weights = [self.weights]  # nested: resolved by the worker only when its version is old
-        parts = pool.map(lambda a, x: a.rollout.remote(*x, self.version, weights), args)
-        out = [r for part in parts for r in part]
+        parts = list(pool.map(lambda a, x: a.rollout.remote(*x, self.version, weights), args))
+        self.shard_stats = [stats for _, stats in parts]
+        out = [r for part, _ in parts for r in part]
         if [r.task_id for r in out] != ids:
             raise RuntimeError("sharded rollout lost or duplicated episodes")
         return out

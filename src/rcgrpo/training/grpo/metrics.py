@@ -48,6 +48,7 @@ def step_metrics(cfg: RLConfig, step: StepRollouts, mask, gap, updates: list[dic
         "perf/gen_tokens_per_s": gen_tokens / max(step.seconds, 1e-9),
         "perf/rollout_s": step.seconds,
         "perf/step_s": step_seconds,
+        **step.engine_metrics,  # rollout/prefix_cache_hit_rate, rollout/prompt_tokens, ...
     }
     if cfg.conditioning == "rc":  # per-token means only for tokens drawn this step
         is_high = torch.tensor([t == HIGH for t in step.tokens]).view(-1, G)

@@ -14,11 +14,12 @@ whole batch (so the 1-process seeds), scores them, and the ranks gather what tra
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.rollout.execution import merge_stats
 from rcgrpo.training.grpo.config import RLConfig, step_seed
 from rcgrpo.training.grpo.core_algos import group_advantages, sample_reward_tokens
 
@@ -53,6 +54,9 @@ class StepRollouts:
     advantages: torch.Tensor  # (n*G,) group advantages
     seconds: float  # wall time of the rollout (this rank's share, then the gather)
     own: int = 0  # rollouts this rank sampled itself (all of them in one process)
+    # the engines' last_stats over all ranks: prefix-cache hit rate, tokens sent / prefilled,
+    # busy fraction (rcgrpo.rollout.engine)
+    engine_metrics: dict = field(default_factory=dict)
 
 
 def draw(tasks: list, cfg: RLConfig, step: int) -> tuple[list, list]:
@@ -95,11 +99,18 @@ def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -
                               step_seed(cfg.seed, step), first_index=start)  # fmt: skip
     scored = [(Sampled.of(r), score_fn(t, r)) for t, r in zip(flat_tasks[start:end], mine,
                                                               strict=True)]  # fmt: skip
-    gathered = [x for part in ranks.gather(scored) for x in part]  # rank order = batch order
+    stats = dict(getattr(engine, "last_stats", None) or {}) if mine else {}
+    parts = ranks.gather((scored, stats))
+    gathered = [x for part, _ in parts for x in part]  # rank order = batch order
+    # the whole step's engine metrics: token counts summed over the ranks' engines, the hit
+    # rate over all their prompts (rcgrpo.rollout.execution.merge_stats, as over Ray shards)
+    engine_metrics = merge_stats([st for _, st in parts if st])
     seconds = time.perf_counter() - t0
     rollouts = [r for r, _ in gathered]
     scores = [s for _, s in gathered]
     col = 0 if cfg.reward == "paper" else 1
     rewards = torch.tensor([s[col] for s in scores], dtype=torch.float32).view(-1, G)
     adv = group_advantages(rewards, cfg.advantage).flatten()  # (B,)
-    return StepRollouts(tasks, tokens, rollouts, scores, rewards, adv, seconds, len(mine))
+    return StepRollouts(
+        tasks, tokens, rollouts, scores, rewards, adv, seconds, len(mine), engine_metrics
+    )

@@ -53,6 +53,15 @@ def run_rl(
     from rcgrpo.rollout.execution import make_engine
     from rcgrpo.training import distributed
 
+    rollout_cfg = rollout_cfg or RolloutConfig(protocol=cfg.protocol)
+    layout = (rollout_cfg.n_servers, rollout_cfg.vllm_devices, rollout_cfg.tensor_parallel_size)
+    if distributed.launched() and rollout_cfg.engine == "vllm" and layout != (1, (), 1):
+        # each rank starts the servers its engine lists: N ranks x these servers on the same GPUs
+        raise ValueError(
+            "rollout.vllm_servers / vllm_devices / tensor_parallel_size under a launcher: every "
+            "rank would start all of those servers on the same GPUs; leave them at 1 / [] / 1 "
+            "(each rank serves on its own GPU) or drive several servers from one process"
+        )
     start = Path(cfg.start_path)
     if not start.exists():
         raise FileNotFoundError(
@@ -63,7 +72,6 @@ def run_rl(
 
     check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
     tasks = rl_tasks(cfg)  # before loading the model: a missing data file fails in a second
-    rollout_cfg = rollout_cfg or RolloutConfig(protocol=cfg.protocol)
     # under a launcher: this rank's GPU (cuda:LOCAL_RANK), bound before anything loads; the
     # rank then owns its engine on that device (its own vLLM server pinned to it)
     device = distributed.local_device(model_cfg.device)

@@ -175,7 +175,7 @@ def _lower(budget: str, cap: str, longest: int, fit: int) -> str:
 def step_time(arch, b, rl, rollout, gpus, gpu, kv_tok, lora, ckpt, mfu) -> list[str]:
     """The RL step's time lines: rollouts lock-step and async, update, sync, tokens/s/GPU."""
     groups = T.draw_step(T.episode_shapes(), rl.tasks_per_step, rl.group_size, seed=0)
-    args = dict(arch=arch, b=b, gpu=gpu, kv_tokens=kv_tok, max_seqs=rollout.max_batch)
+    args = dict(arch=arch, b=b, gpu=gpu, kv_tokens=kv_tok, max_seqs=rollout.vllm_max_num_seqs)
     lock = T.rollout_seconds(groups, gpus, args, lock_step=True)
     free = T.rollout_seconds(groups, gpus, args, lock_step=False)
     lengths = [sum(p + s for p, s in ep) for g in groups for ep in g]
@@ -189,8 +189,8 @@ def step_time(arch, b, rl, rollout, gpus, gpu, kv_tok, lora, ckpt, mfu) -> list[
         f"rl step: {rl.tasks_per_step} tasks x G {rl.group_size} = {len(lengths):,} episodes, "
         f"{tokens / 1e6:.1f}M tokens (replayed ground-truth shapes), "
         f"{math.ceil(len(groups) / gpus)} groups per rank",
-        f"  rollouts, lock-step (engines as built)  {lock:8.0f} s",
-        f"  rollouts, async (issue 19's scheduler)   {free:8.0f} s   async/lock-step: {lock / free:.2f}x",
+        f"  rollouts, scheduler lockstep             {lock:8.0f} s",
+        f"  rollouts, scheduler async (the default)  {free:8.0f} s   async/lock-step: {lock / free:.2f}x",
         f"  update: {flops / 1e15:,.0f} PFLOP at MFU {mfu:.2f} on {gpus} GPUs      {update:8.0f} s"
         f"   ({len(micro)} micro-batches a pass, pad_frac {pad:.3f}, padded rows)",
         f"  weight sync                              {C.SYNC_S:8.0f} s",

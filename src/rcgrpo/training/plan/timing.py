@@ -5,16 +5,16 @@ Rollouts. Every rank runs its own engine on its share of the step's groups (whol
 episode is its sequence of model calls (episodes.json: prefill new tokens, then sample; the 800
 ground truths replayed, scripts/episode_shapes.py), drawn per task with a fixed seed. One engine
 is simulated iteration by iteration, as vLLM's continuous batching runs: at most `max_seqs`
-sequences (rollout.max_batch) whose keys and values fit its KV cache; each iteration decodes one
-token of every running sequence and prefills up to CHUNK_TOKENS new tokens of the others. An
-iteration costs the larger of its memory time (weights + the KV it reads, at BANDWIDTH_EFF of
+sequences (rollout.vllm_max_num_seqs) whose keys and values fit its KV cache; each iteration
+decodes one token of every running sequence and prefills up to CHUNK_TOKENS new tokens of the
+others. An iteration costs the larger of its memory time (weights + the KV it reads, at BANDWIDTH_EFF of
 the GPU's bandwidth) and its compute time (2 x params per token + attention, at PREFILL_EFF of
 the peak), plus ITERATION_S. Two schedules over that engine:
-* lock-step (the engines as built: rcgrpo.rollout.engine.Engine.rollout): every episode waiting
-  for the model sends its next message at once; the round ends when the slowest is done, then
-  the tool calls run; then the next round;
-* async (issue 19's design): each episode sends its next message as soon as its own tool call
-  returns; the engine never waits for a round.
+* lock-step (`rollout.scheduler: lockstep`): every episode waiting for the model sends its next
+  message at once; the round ends when the slowest is done, then the tool calls run; then the
+  next round;
+* async (`rollout.scheduler: async`, the default, rcgrpo.rollout.scheduler): each episode sends
+  its next message as soon as its own tool call returns; the engine never waits for a round.
 The G rollouts of a task share their first prompt's prefix: vLLM's prefix cache (on by default)
 prefills it once per group (the goal and what follows it, PREFIX_TAIL tokens, for the others).
 Between messages an episode's keys and values are assumed to stay cached (no re-prefill).
@@ -83,7 +83,7 @@ class Engine:
     b: int  # bytes per weight / KV element
     gpu: GPU
     kv_tokens: float  # KV cache capacity, tokens
-    max_seqs: int  # rollout.max_batch (vLLM --max-num-seqs)
+    max_seqs: int  # rollout.vllm_max_num_seqs (vLLM --max-num-seqs)
     iterations: int = 0
 
     def iteration_s(self, decodes: list[int], prefills: list[tuple[int, int]]) -> float:
