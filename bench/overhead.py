@@ -166,6 +166,16 @@ def copy_project(dest: Path) -> None:
         subprocess.run(git + args, check=True)
 
 
+def copy_env(proj: Path) -> dict[str, str]:
+    """A command's environment in the copy: its src/, its own MLflow store, a git identity."""
+    env = {**os.environ, "PYTHONPATH": str(proj / "src"), "GIT_AUTHOR_NAME": "bench",
+           "GIT_AUTHOR_EMAIL": "bench@localhost", "GIT_COMMITTER_NAME": "bench",
+           "GIT_COMMITTER_EMAIL": "bench@localhost"}  # fmt: skip
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):  # mlflow.set_*_uri export them
+        env.pop(key, None)
+    return env
+
+
 def main(argv: list[str]) -> None:
     sets = list(TINY) if "--tiny" in argv else []
     for i, arg in enumerate(argv):
@@ -178,11 +188,7 @@ def main(argv: list[str]) -> None:
         proj = Path(tmp) / "proj"
         (proj / "cache").mkdir(parents=True)
         copy_project(proj)
-        env = {**os.environ, "PYTHONPATH": str(proj / "src"), "GIT_AUTHOR_NAME": "bench",
-               "GIT_AUTHOR_EMAIL": "bench@localhost", "GIT_COMMITTER_NAME": "bench",
-               "GIT_COMMITTER_EMAIL": "bench@localhost"}  # fmt: skip
-        for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):  # mlflow.set_*_uri export them
-            env.pop(key, None)
+        env = copy_env(proj)
         cmd = [sys.executable, str(proj / "bench" / "overhead.py"), "--worker"]
         for s in sets:
             cmd += ["--set", s]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from overhead import TINY, copy_project  # noqa: E402
+from overhead import TINY, copy_env, copy_project  # noqa: E402
 
 
 def measure(proj: Path) -> dict:
@@ -65,11 +65,7 @@ def run_once(sets: list[str], keep: str = "") -> dict:
         proj = Path(tmp) / "proj"
         (proj / "cache").mkdir(parents=True)
         copy_project(proj)
-        env = {**os.environ, "PYTHONPATH": str(proj / "src"), "GIT_AUTHOR_NAME": "bench",
-               "GIT_AUTHOR_EMAIL": "bench@localhost", "GIT_COMMITTER_NAME": "bench",
-               "GIT_COMMITTER_EMAIL": "bench@localhost"}  # fmt: skip
-        for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
-            env.pop(key, None)
+        env = copy_env(proj)
         cmd = [sys.executable, "-m", "rcgrpo.cli", "run"]
         for s in sets:
             cmd += ["--set", s]

@@ -51,23 +51,37 @@ def copy_project(src: Path, dest: Path) -> Path:
     return dest
 
 
-def test_main_command_on_tiny_profile(prefect_server, tmp_path):
+def copy_env(proj: Path) -> dict[str, str]:
+    """The environment of a command in a project copy: its src/, the test's Prefect server, its
+    own MLflow store (the copy's mlflow/), a git identity for DVC's commits."""
     from prefect.settings import PREFECT_API_URL
 
-    main = project_root()
-    main_head = _git(main, "rev-parse", "HEAD")
-    proj = copy_project(main, tmp_path / "proj")
     env = {**os.environ, "PYTHONPATH": str(proj / "src"), "PREFECT_API_URL": PREFECT_API_URL.value(),
            "GIT_AUTHOR_NAME": "e2e", "GIT_AUTHOR_EMAIL": "e2e@localhost",
            "GIT_COMMITTER_NAME": "e2e", "GIT_COMMITTER_EMAIL": "e2e@localhost"}  # fmt: skip
     for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):  # mlflow.set_*_uri export them
         env.pop(key, None)
-    cmd = [sys.executable, "-m", "rcgrpo.cli", "run", "--profile", "tiny"]
-    for pair in TINY:
+    return env
+
+
+def run_in_copy(proj: Path, profile: str, sets, timeout: int) -> tuple[int, str]:
+    """`rcgrpo run --profile <profile> --set ...` in a project copy (copy_env): exit code and
+    stdout + stderr."""
+    cmd = [sys.executable, "-m", "rcgrpo.cli", "run", "--profile", profile]
+    for pair in sets:
         cmd += ["--set", pair]
-    out = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, timeout=900)
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-5000:]
+    out = subprocess.run(cmd, cwd=proj, env=copy_env(proj), capture_output=True, text=True,
+                         timeout=timeout)  # fmt: skip
+    return out.returncode, out.stdout + out.stderr
+
+
+def test_main_command_on_tiny_profile(prefect_server, tmp_path):
+
+    main = project_root()
+    main_head = _git(main, "rev-parse", "HEAD")
+    proj = copy_project(main, tmp_path / "proj")
+    code, text = run_in_copy(proj, "tiny", TINY, timeout=900)
+    assert code == 0, text[-5000:]
     assert "pipeline finished" in text and "http://127.0.0.1:5000/#/experiments/" in text
 
     # DVC: a data version committed in the copy's git, nothing committed in the main checkout

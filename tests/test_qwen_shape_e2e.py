@@ -12,12 +12,9 @@ first token) and the SFT examples keep their assistant tokens. ~2-4 min on 2 cor
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from test_pipeline_e2e import copy_project  # tests/ is on sys.path
+from test_pipeline_e2e import copy_project, run_in_copy  # tests/ is on sys.path
 
 from rcgrpo.runtime import project_root
 
@@ -32,20 +29,9 @@ SMALL = [
 
 
 def test_main_command_on_qwen_shape_profile(prefect_server, tmp_path):
-    from prefect.settings import PREFECT_API_URL
-
     proj = copy_project(project_root(), tmp_path / "proj")
-    env = {**os.environ, "PYTHONPATH": str(proj / "src"), "PREFECT_API_URL": PREFECT_API_URL.value(),
-           "GIT_AUTHOR_NAME": "e2e", "GIT_AUTHOR_EMAIL": "e2e@localhost",
-           "GIT_COMMITTER_NAME": "e2e", "GIT_COMMITTER_EMAIL": "e2e@localhost"}  # fmt: skip
-    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
-        env.pop(key, None)
-    cmd = [sys.executable, "-m", "rcgrpo.cli", "run", "--profile", "qwen-shape"]
-    for pair in SMALL:
-        cmd += ["--set", pair]
-    out = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, timeout=1200)
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-5000:]
+    code, text = run_in_copy(proj, "qwen-shape", SMALL, timeout=1200)
+    assert code == 0, text[-5000:]
     assert "pipeline finished" in text
     assert "dropped" not in text and "sampled no token" not in text  # nothing lost to limits
 

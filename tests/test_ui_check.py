@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 import pytest
-from test_pipeline_e2e import copy_project
+from test_pipeline_e2e import copy_env, copy_project, run_in_copy
 
 from rcgrpo.runtime import project_root
 
@@ -57,20 +57,10 @@ def chromium() -> str:
 
 def test_finished_run_seen_in_the_ui(prefect_server, tmp_path, chromium):
     from mlflow.tracking import MlflowClient
-    from prefect.settings import PREFECT_API_URL
 
     proj = copy_project(project_root(), tmp_path / "proj")
-    env = {**os.environ, "PYTHONPATH": str(proj / "src"), "PREFECT_API_URL": PREFECT_API_URL.value(),
-           "GIT_AUTHOR_NAME": "e2e", "GIT_AUTHOR_EMAIL": "e2e@localhost",
-           "GIT_COMMITTER_NAME": "e2e", "GIT_COMMITTER_EMAIL": "e2e@localhost"}  # fmt: skip
-    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
-        env.pop(key, None)
-    cmd = [sys.executable, "-m", "rcgrpo.cli", "run", "--profile", "tiny"]
-    for pair in SETS:
-        cmd += ["--set", pair]
-    out = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, timeout=1200)
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-5000:]
+    code, text = run_in_copy(proj, "tiny", SETS, timeout=1200)
+    assert code == 0, text[-5000:]
     assert "?workflowType=machine_learning" in text and "episode traces" in text
 
     # the RL run's episodes, found by task id (and reward / goal) with mlflow.search_traces
@@ -121,7 +111,7 @@ def test_finished_run_seen_in_the_ui(prefect_server, tmp_path, chromium):
     # the UI, as a person sees it
     shots = tmp_path / "ui"
     check = subprocess.run([sys.executable, str(proj / "scripts" / "ui_check.py"), "--store",
-                            str(proj / "mlflow"), "--out", str(shots)], cwd=proj, env=env,
+                            str(proj / "mlflow"), "--out", str(shots)], cwd=proj, env=copy_env(proj),
                            capture_output=True, text=True, timeout=900)  # fmt: skip
     report = json.loads(check.stdout.strip().splitlines()[-1])
     assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
