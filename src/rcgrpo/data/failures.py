@@ -30,6 +30,7 @@ from rcgrpo.data.experts import DONE
 if TYPE_CHECKING:
     from rcgrpo.models.profiles import ModelConfig
 
+
 class RolloutBudgetError(ConfigError):
     """A base-policy rollout cannot start: its first prompt is over the episode budget."""
 
