@@ -78,7 +78,8 @@ def success(policy, rollout_cfg, tasks, token: str, out: Path) -> dict:
     combined protocol; greedy (the evaluation default) and SAMPLES seeds at temperature 1."""
     from dataclasses import replace
 
-    from rcgrpo.evaluation.evaluate import EvalConfig, evaluate
+    from rcgrpo.evaluation.config import EvalConfig
+    from rcgrpo.evaluation.evaluate import evaluate
     from rcgrpo.rollout.execution import make_engine
 
     counts = {}
@@ -97,7 +98,8 @@ def success(policy, rollout_cfg, tasks, token: str, out: Path) -> dict:
 def run_variant(name, start, tasks, params, preset, seed, rollout_cfg, steps, out: Path) -> dict:
     from rcgrpo.evaluation.variants import get_variant
     from rcgrpo.rollout.execution import make_engine
-    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+    from rcgrpo.training.grpo.config import RLConfig
+    from rcgrpo.training.grpo.trainer import Trainer
 
     v = get_variant(name)
     policy = copy.deepcopy(start)  # every variant of an init starts from the same weights
@@ -121,7 +123,7 @@ def run_variant(name, start, tasks, params, preset, seed, rollout_cfg, steps, ou
 
 
 def plot(results: dict, path: Path) -> Path:
-    from rcgrpo.tracking.report import pyplot
+    from rcgrpo.evaluation.plots import pyplot
 
     plt = pyplot()
 
@@ -164,7 +166,7 @@ def main() -> None:
     import torch
 
     from rcgrpo.config import read_params
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
 
     params, t0, out = read_params(), time.perf_counter(), Path(args.out)
     rollout_cfg = preset_section(params, args.preset, "rollout", RolloutConfig)

@@ -90,8 +90,9 @@ def child(path: str, T: int, frac: float) -> dict:
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
     from rcgrpo.training.forward import scatter
+    from rcgrpo.training.grpo.config import RLConfig
     from rcgrpo.training.grpo.core_algos import policy_loss, token_entropy
-    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+    from rcgrpo.training.grpo.trainer import Trainer
 
     torch.manual_seed(0)
     policy = load_policy(ModelConfig(profile="qwen-shape"))
@@ -224,8 +225,9 @@ def mix_child(path: str, lengths: list[int], frac: float, budget: int) -> dict:
     from rcgrpo.models.profiles import ModelConfig
     from rcgrpo.training.batching import computed_tokens
     from rcgrpo.training.grpo import update
+    from rcgrpo.training.grpo.config import RLConfig
     from rcgrpo.training.grpo.core_algos import minibatch_indices
-    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+    from rcgrpo.training.grpo.trainer import Trainer
 
     torch.manual_seed(0)
     policy = load_policy(ModelConfig(profile="qwen-shape"))

@@ -142,7 +142,8 @@ def start_model(params: dict, records, model_cfg, out: Path, seed: int) -> tuple
 
 def greedy(policy, tasks, rollout_cfg, out: Path) -> tuple[int, int]:
     """Greedy paper-reward successes (k, n) on `tasks` under <|high_reward|>, combined protocol."""
-    from rcgrpo.evaluation.evaluate import EvalConfig, evaluate
+    from rcgrpo.evaluation.config import EvalConfig
+    from rcgrpo.evaluation.evaluate import evaluate
     from rcgrpo.rollout.execution import make_engine
 
     engine = make_engine(dataclasses.replace(rollout_cfg, temperature=0.0), policy)
@@ -230,7 +231,7 @@ def main() -> None:
     from rcgrpo.config import read_params
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.training.grpo.config import RLConfig
 
     threads = torch_thread_count(args.threads)

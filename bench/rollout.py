@@ -49,7 +49,8 @@ import time
 
 import torch
 
-from rcgrpo.rollout.engine import Engine, RolloutConfig, Sample
+from rcgrpo.rollout.config import RolloutConfig
+from rcgrpo.rollout.engine import Engine, Sample
 
 
 class NaiveEngine(Engine):

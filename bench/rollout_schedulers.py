@@ -161,7 +161,7 @@ def report(name: str, run: dict) -> None:
 
 
 def main(args) -> None:
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.vllm_engine import VLLMEngine
 
     tasks = bench_tasks(args.episodes)

@@ -30,7 +30,7 @@ def main() -> None:
     from rcgrpo.chat.record import HIGH
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import ExecutionConfig, RolloutSpec, session
 
     roll = RolloutConfig(temperature=0.0, max_new_tokens=64, max_steps=6, max_total_tokens=1536)

@@ -82,7 +82,7 @@ def generate_rollouts(
     from rcgrpo.config import load_section
     from rcgrpo.data.dataset import rollout_model
     from rcgrpo.data.failures import EngineUnavailable, RolloutReport, rollout_failures
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import ExecutionConfig, session
 
     logger = get_run_logger()

@@ -30,7 +30,7 @@ CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 
 
 def eval_config(overrides: dict | None = None, root: Path | None = None):
-    from rcgrpo.evaluation.evaluate import EvalConfig
+    from rcgrpo.evaluation.config import EvalConfig
 
     cfg = load_section("eval", EvalConfig, overrides=dict(overrides or {}))
     out = Path(cfg.out_dir)

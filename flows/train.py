@@ -79,7 +79,7 @@ def model_config(overrides: dict | None = None):
 
 
 def rollout_config(overrides: dict | None = None):
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
 
     return load_section("rollout", RolloutConfig, overrides=overrides)
 
@@ -209,7 +209,7 @@ def run_launched(spec_path: str) -> None:
             f"{k}={metrics[k]:.4g}" for k in shown if k in metrics), flush=True)  # fmt: skip
 
     if stage == "rl":
-        from rcgrpo.rollout.engine import RolloutConfig
+        from rcgrpo.rollout.config import RolloutConfig
         from rcgrpo.rollout.execution import ExecutionConfig, session
         from rcgrpo.training.grpo.run import run_rl
 

@@ -246,7 +246,7 @@ def main() -> int:
     import transformers
 
     from rcgrpo.config import load_section
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import make_engine
     from rcgrpo.training.grpo.config import RLConfig
     from rcgrpo.training.grpo.trainer import Trainer

@@ -152,7 +152,7 @@ def main() -> int:
 
     import torch
 
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import make_engine
     from rcgrpo.runtime import apply_defaults
 

@@ -37,10 +37,11 @@ def main() -> int:
     from rcgrpo.chat.record import HIGH, LOW
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import make_engine
     from rcgrpo.runtime import apply_defaults
-    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+    from rcgrpo.training.grpo.config import RLConfig
+    from rcgrpo.training.grpo.trainer import Trainer
 
     apply_defaults()
     if args.device == "cuda" and not torch.cuda.is_available():

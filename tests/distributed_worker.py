@@ -52,10 +52,11 @@ def rl_hf(out_dir: str) -> dict:
     from rcgrpo.bfcl.tasks import tasks_in
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import make_engine
     from rcgrpo.training.grpo import rollouts
-    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+    from rcgrpo.training.grpo.config import RLConfig
+    from rcgrpo.training.grpo.trainer import Trainer
 
     device = distributed.local_device("auto")  # cpu here; cuda:LOCAL_RANK on a GPU box
     policy = load_policy(ModelConfig(profile="tiny", lora=True, lora_r=4, device=device))
@@ -100,7 +101,8 @@ def run(out_dir: str, stage: str = "sft") -> dict:
     ):  # RC-GRPO, 2 steps x 2 PPO passes x 2 mini-batches of 3 micro-batches, KL on
         from test_trainer import TASKS, ToyEngine, tiny_policy
 
-        from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+        from rcgrpo.training.grpo.config import RLConfig
+        from rcgrpo.training.grpo.trainer import Trainer
 
         policy = tiny_policy()
         model = policy.model

@@ -145,7 +145,8 @@ class MixEngine:
 
 
 def rl_run(tmp_path, **over):
-    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+    from rcgrpo.training.grpo.config import RLConfig
+    from rcgrpo.training.grpo.trainer import Trainer
 
     policy = SimpleNamespace(model=tiny_llama(16, seed=0), tokenizer=None)
     tasks = [SimpleNamespace(id=f"mix_{i}", number=i) for i in range(6)]

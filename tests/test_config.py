@@ -4,7 +4,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from rcgrpo.config import ConfigError, load_section, yaml_load
+from rcgrpo.config import ConfigError, load_section
+from rcgrpo.fields import yaml_load
 
 
 @dataclass(frozen=True)

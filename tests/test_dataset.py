@@ -12,7 +12,8 @@ from collections import Counter
 
 import pytest
 
-from rcgrpo.bfcl.checkers import ground_truth_run, parse_call_string, score
+from rcgrpo.bfcl.checkers import score
+from rcgrpo.bfcl.replay import ground_truth_run, parse_call_string
 from rcgrpo.chat.record import HIGH, LOW, read_jsonl
 from rcgrpo.data import experts as experts_mod
 from rcgrpo.data.dataset import DatasetConfig, build_folder, select_tasks

@@ -198,7 +198,7 @@ def test_a_ranks_share_samples_what_one_process_does():
     from rcgrpo.bfcl.tasks import tasks_in
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import ShardedEngine, make_engine
 
     policy = load_policy(ModelConfig(profile="tiny"))
@@ -220,9 +220,9 @@ def test_several_vllm_servers_per_rank_are_refused_under_a_launcher(monkeypatch,
     """Under torchrun / rcgrpo run --procs every rank would start all the listed servers on the
     same GPUs: refused before anything loads (no model, no server, no data read)."""
     from rcgrpo.models.profiles import ModelConfig
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
+    from rcgrpo.training.grpo.config import RLConfig
     from rcgrpo.training.grpo.run import run_rl
-    from rcgrpo.training.grpo.trainer import RLConfig
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     rollout = RolloutConfig(engine="vllm", **layout)

@@ -15,7 +15,7 @@ from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
 from rcgrpo.rollout.agent_loop import AgentLoop
-from rcgrpo.rollout.engine import RolloutConfig
+from rcgrpo.rollout.config import RolloutConfig
 from rcgrpo.rollout.execution import make_engine
 from rcgrpo.rollout.hf import sample_next, uniforms
 
@@ -49,7 +49,7 @@ def test_seeded_rollouts_reproduce_and_seeds_matter(policy, tasks, rollouts):
 def test_an_episode_does_not_depend_on_its_batch(policy, tasks, rollouts):
     """Episode 2 alone (batch of 1, no padding) samples the same ids as inside the batch."""
     alone = make_engine(CFG, policy)
-    from rcgrpo.rollout.engine import episode_seed
+    from rcgrpo.rollout.scheduler import episode_seed
 
     loop_ids = rollouts[2].ids[: rollouts[2].prompt_len]
     sample = alone.generate([loop_ids], [CFG.max_new_tokens], [episode_seed(7, 2, 0)])[0]
@@ -339,7 +339,8 @@ def test_vllm_reward_rows_stay_frozen_through_the_trainer_and_a_real_step(
     from dataclasses import replace
 
     from rcgrpo.models.export import reward_rows
-    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+    from rcgrpo.training.grpo.config import RLConfig
+    from rcgrpo.training.grpo.trainer import Trainer
 
     def parity(task, rollout):  # a reward with variance: the random tiny model solves nothing
         r = sum(t for t, m in zip(rollout.ids, rollout.mask, strict=True) if m) % 2

@@ -9,7 +9,8 @@ import pytest
 
 from rcgrpo.bfcl.checkers import ground_truth_calls
 from rcgrpo.chat.record import HIGH
-from rcgrpo.evaluation.evaluate import EvalConfig, evaluate, flat_metrics
+from rcgrpo.evaluation.config import EvalConfig
+from rcgrpo.evaluation.evaluate import evaluate, flat_metrics
 from rcgrpo.evaluation.stats import accuracy, summarise, wilson
 
 
@@ -150,7 +151,7 @@ def test_run_eval_decodes_greedily_whatever_the_rollout_temperature(tmp_path, mo
     from rcgrpo.evaluation.evaluate import run_eval
     from rcgrpo.models.loading import load_policy, save_policy
     from rcgrpo.models.profiles import ModelConfig
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
 
     folder = save_policy(load_policy(ModelConfig()), tmp_path / "policy", {"protocol": "bfcl"})
     built, real = [], engines.make_engine

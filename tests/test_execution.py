@@ -17,7 +17,7 @@ from rcgrpo.bfcl.tasks import tasks_in
 from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
-from rcgrpo.rollout.engine import RolloutConfig
+from rcgrpo.rollout.config import RolloutConfig
 from rcgrpo.rollout.execution import ExecutionConfig, RolloutSpec, session, shard_bounds
 
 ROLL = RolloutConfig(max_new_tokens=16, max_total_tokens=1200, max_steps=2, max_batch=8)
@@ -101,9 +101,11 @@ def test_ray_equals_local_and_survives_a_killed_worker(cluster, local):
 def test_rl_steps_and_eval_report_equal_on_both_backends(cluster, tmp_path):
     """Two RL steps (the second samples from weights shipped after the first update) and an
     evaluation report: identical metrics and tables, local vs Ray."""
-    from rcgrpo.evaluation.evaluate import EvalConfig, evaluate
+    from rcgrpo.evaluation.config import EvalConfig
+    from rcgrpo.evaluation.evaluate import evaluate
     from rcgrpo.rollout.execution import make_engine
-    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+    from rcgrpo.training.grpo.config import RLConfig
+    from rcgrpo.training.grpo.trainer import Trainer
 
     def rl(cfg_exec, out):
         policy = load_policy(SPEC.model)

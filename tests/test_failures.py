@@ -24,7 +24,7 @@ from rcgrpo.data.failures import (
 )
 from rcgrpo.data.perturbations import perturbations
 from rcgrpo.models.profiles import ModelConfig
-from rcgrpo.rollout.engine import RolloutConfig
+from rcgrpo.rollout.config import RolloutConfig
 
 SYSTEM = {"role": "system", "content": "You are an agent."}
 USER = {"role": "user", "content": "Step 1: move report.txt into the archive folder."}

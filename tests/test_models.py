@@ -14,7 +14,7 @@ from rcgrpo.chat.prompts import PROJECT_TEMPLATE
 from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.models.loading import load_policy, save_policy
 from rcgrpo.models.profiles import PROFILES, ModelConfig
-from rcgrpo.rollout.engine import RolloutConfig
+from rcgrpo.rollout.config import RolloutConfig
 from rcgrpo.rollout.execution import make_engine
 
 

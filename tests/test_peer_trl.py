@@ -289,7 +289,7 @@ def test_trl_trains_over_the_environment_with_rcgrpo_prompts(tmp_path):
 
     from rcgrpo.models.loading import load_policy, save_policy
     from rcgrpo.models.profiles import ModelConfig
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
 
     model_cfg = ModelConfig(profile="qwen-shape", lora=False, compact_docs=True)
     start = save_policy(load_policy(model_cfg), tmp_path / "start")

@@ -153,14 +153,14 @@ def test_gpu_profiles_share_the_qwen_shape_budgets():
     assert budgets["qwen2.5-7b-instruct"] == budgets["llama-3.1-8b-instruct"]
     assert budgets["qwen2.5-7b-instruct"] == budgets["qwen-shape"]
     assert not PROFILES["qwen-shape"].compact_docs
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
 
     cfg = RolloutConfig(max_new_tokens=7).for_policy(load_policy(ModelConfig(profile="tiny")))
     assert (cfg.max_new_tokens, cfg.max_total_tokens) == (7, PROFILES["tiny"].max_total_tokens)
 
 
 def test_episodes_with_no_room_warn_and_a_batch_of_them_fails(qwen):
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import make_engine
 
     tasks = load_tasks()

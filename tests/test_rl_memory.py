@@ -16,8 +16,9 @@ from toy_models import tiny_llama
 from rcgrpo.models.loading import load_policy, save_policy
 from rcgrpo.models.profiles import PROFILES, ModelConfig
 from rcgrpo.training.forward import scatter
+from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.core_algos import policy_loss, token_entropy, token_logprobs
-from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+from rcgrpo.training.grpo.trainer import Trainer
 
 
 def full_logits_loss(model, ids, attn, mask, old, ref, adv, temperature):

@@ -18,7 +18,8 @@ from rcgrpo.bfcl.tasks import get_task, tasks_in
 from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
-from rcgrpo.rollout.engine import Engine, RolloutConfig, Sample
+from rcgrpo.rollout.config import RolloutConfig
+from rcgrpo.rollout.engine import Engine, Sample
 from rcgrpo.rollout.execution import make_engine
 from rcgrpo.rollout.router import Router
 from rcgrpo.rollout.scheduler import Flight
@@ -162,7 +163,8 @@ def test_local_backend_runs_the_whole_call_at_once(policy, tasks):
 def test_an_rl_step_logs_the_engine_metrics(policy, tmp_path):
     import copy
 
-    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+    from rcgrpo.training.grpo.config import RLConfig
+    from rcgrpo.training.grpo.trainer import Trainer
 
     trained = copy.deepcopy(policy)
     cfg = RLConfig(tasks_per_step=2, group_size=2, steps=1, lr=1e-3, save_every=0,

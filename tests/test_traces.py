@@ -137,7 +137,8 @@ def spans_of(trace) -> dict[str, list]:
 
 
 def test_evaluation_episodes_are_traces_found_by_task_reward_and_goal(renderer, mlflow_store):
-    from rcgrpo.evaluation.evaluate import EvalConfig, evaluate
+    from rcgrpo.evaluation.config import EvalConfig
+    from rcgrpo.evaluation.evaluate import evaluate
     from rcgrpo.tracking import runs as tracking
     from rcgrpo.tracking.traces import EpisodeTracer, eval_hook, find_traces
 

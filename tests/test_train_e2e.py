@@ -17,9 +17,10 @@ def test_rctp_then_rcgrpo_with_exact_resume(tmp_path):
     from rcgrpo.data.perturbations import perturbations
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import make_engine
-    from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+    from rcgrpo.training.grpo.config import RLConfig
+    from rcgrpo.training.grpo.trainer import Trainer
     from rcgrpo.training.sft import SFTConfig, run_sft
 
     tasks = [t for t in tasks_in("train") if t.category == "base"][:2]

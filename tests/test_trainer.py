@@ -10,8 +10,9 @@ import torch
 from toy_models import tiny_llama
 
 from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.core_algos import token_logprobs
-from rcgrpo.training.grpo.trainer import RLConfig, Trainer
+from rcgrpo.training.grpo.trainer import Trainer
 
 V, TARGET = 16, 7  # vocabulary; a rollout succeeds if it samples TARGET
 

@@ -23,7 +23,7 @@ from rcgrpo.bfcl.tasks import tasks_in
 from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
-from rcgrpo.rollout.engine import RolloutConfig
+from rcgrpo.rollout.config import RolloutConfig
 from rcgrpo.rollout.execution import make_engine
 
 # bfcl protocol: a random model answers each user turn in prose, so episodes have 1-7 messages

@@ -29,15 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from rcgrpo.fields import (  # noqa: F401 (ranged and the interval helpers: also used from here)
-    coerce,
-    field_problem,
-    out_of_range,
-    parse_interval,
-    ranged,
-    show,
-    yaml_load,
-)
+from rcgrpo.fields import coerce, field_problem, show, yaml_load
 from rcgrpo.runtime import project_root
 
 
@@ -133,9 +125,9 @@ SECTIONS = {
     "rctp": "rcgrpo.training.sft:SFTConfig",
     "sft": "rcgrpo.training.sft:SFTConfig",
     "rl": "rcgrpo.training.grpo.config:RLConfig",
-    "eval": "rcgrpo.evaluation.evaluate:EvalConfig",
+    "eval": "rcgrpo.evaluation.config:EvalConfig",
     "model": "rcgrpo.models.profiles:ModelConfig",
-    "rollout": "rcgrpo.rollout.engine:RolloutConfig",
+    "rollout": "rcgrpo.rollout.config:RolloutConfig",
     "dataset": "rcgrpo.data.dataset:DatasetConfig",
     "env": "rcgrpo.bfcl.sandbox:EnvConfig",
     "execution": "rcgrpo.rollout.execution:ExecutionConfig",

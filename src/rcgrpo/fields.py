@@ -1,11 +1,12 @@
 """The value rules of a config field, below every stage: its interval (`ranged`), its type with
 list elements, its choices (`Literal`), and YAML as params.yaml means it (`1e-5` is a float).
 
-rcgrpo.config builds params.yaml sections with these; a stage declares a field's rule beside
-its help:
+rcgrpo.config builds params.yaml sections with these. A stage declares each field once, its rule
+and its help together (`rcgrpo config show SECTION` prints them; params.yaml's comments are
+written from them by `rcgrpo config comments`):
 
-    p_high: float = ranged(0.5, "[0, 1]")  # P(<|high_reward|>) per rollout
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # torch dtype
+    p_high: float = ranged(0.5, "[0, 1]", "P(<|high_reward|>) per rollout")
+    dtype: Literal["float32", "bfloat16"] = setting("float32", "torch dtype")  # choices: Literal
 
     field_problem(RLConfig, "p_high", 7.0)   # -> "must be in [0, 1]"
     .venv/bin/pytest tests/test_settings.py -q
@@ -21,15 +22,42 @@ import typing
 import yaml
 
 
-def ranged(default, interval: str):
-    """A config field whose value (or each element of a tuple value) must lie in `interval`,
-    written as in maths: "[0, 1]", "(0, inf)", "[1, inf)". Declared beside the field's help,
-    checked by `build` before anything runs:
+def ranged(default, interval: str, help: str):
+    """A numeric config field whose value (or each element of a tuple value) must lie in
+    `interval`, written as in maths: "[0, 1]", "(0, inf)", "[1, inf)"; checked by `build` before
+    anything runs:
 
-        p_high: float = ranged(0.5, "[0, 1]")  # P(<|high_reward|>) per rollout
+        p_high: float = ranged(0.5, "[0, 1]", "P(<|high_reward|>) per rollout")
     """
     parse_interval(interval)  # a typo fails when the module is imported
-    return dataclasses.field(default=default, metadata={"range": interval})
+    return dataclasses.field(default=default, metadata={"range": interval, "help": help})
+
+
+def setting(default, help: str):
+    """A config field that is not a number: a string, a flag, a list, or a `Literal` of choices
+    (the annotation carries the choices, `build` checks them):
+
+        engine: Literal["hf", "vllm"] = setting("hf", "hf: transformers; vllm: a vLLM server")
+    """
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def help_of(field: dataclasses.Field) -> str:
+    return field.metadata.get("help", "")
+
+
+def rule(hint, field: dataclasses.Field) -> str:
+    """A field's rule in words: its interval, its choices, or its type ('[0, 1]', 'hf | vllm')."""
+    if "range" in field.metadata:
+        return field.metadata["range"]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return " | ".join(show(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else rule(a, field) for a in args)
+    if origin in (list, tuple):
+        return f"list of {rule(args[0], field)}" if args else "list"
+    return {int: "int", float: "number", str: "string", bool: "true | false"}.get(hint, str(hint))
 
 
 def parse_interval(interval: str) -> tuple[float, bool, float, bool]:

@@ -29,13 +29,11 @@ hang the scorer.
 from __future__ import annotations
 
 from rcgrpo.bfcl import sandbox as sandboxes
-from rcgrpo.bfcl.environment import public_state
 from rcgrpo.bfcl.replay import (
     PROTOCOLS,
     Verdict,
     deep_copy,
     ground_truth_run,
-    parse_call_string,
 )
 from rcgrpo.bfcl.tasks import Task
 
@@ -98,18 +96,3 @@ def final_state(task: Task) -> dict:
 def clear_worker_memo(sandbox=None) -> None:
     """Forget the worker's ground-truth memo (bench/executor.py measures the cold case)."""
     (sandbox or sandboxes.default()).request("clear", [], lambda skip: ())
-
-
-__all__ = [
-    "Verdict",
-    "score",
-    "score_many",
-    "paper_reward",
-    "bfcl_check",
-    "bfcl_check_many",
-    "ground_truth_run",
-    "ground_truth_calls",
-    "final_state",
-    "public_state",
-    "parse_call_string",
-]

@@ -19,8 +19,9 @@ import functools
 import random
 import re
 
-from rcgrpo.bfcl.checkers import bfcl_check, ground_truth_calls, parse_call_string
+from rcgrpo.bfcl.checkers import bfcl_check, ground_truth_calls
 from rcgrpo.bfcl.executor import Call
+from rcgrpo.bfcl.replay import parse_call_string
 from rcgrpo.bfcl.tasks import Task
 
 KINDS = (

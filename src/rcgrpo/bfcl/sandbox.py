@@ -39,21 +39,19 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from rcgrpo.bfcl.progress import IDLE, LAYOUT, OOM, TRUSTED, Failure
-from rcgrpo.config import ranged
+from rcgrpo.fields import ranged
 
 
 @dataclass(frozen=True)
 class EnvConfig:
     """params.yaml `env:` — limits of one tool call (rcgrpo.bfcl.sandbox)."""
 
-    # wall-clock limit of one tool call; the worker is killed after it
-    tool_timeout_s: float = ranged(5.0, "(0, inf)")
-    # address-space limit of the worker process (RLIMIT_AS)
-    tool_memory_mb: int = ranged(4096, "[256, inf)")
-
-    def __post_init__(self):
-        if not self.tool_timeout_s > 0 or self.tool_memory_mb < 256:
-            raise ValueError("env: tool_timeout_s must be > 0 and tool_memory_mb >= 256")
+    tool_timeout_s: float = ranged(
+        5.0, "(0, inf)", "wall-clock limit of one tool call; then the worker is killed (SIGKILL)"
+    )
+    tool_memory_mb: int = ranged(
+        4096, "[256, inf)", "address-space limit (RLIMIT_AS) of the tool worker process"
+    )
 
 
 class SandboxError(RuntimeError):

@@ -25,7 +25,7 @@ def resolve(preset: str, sets: list[str], profile: str) -> dict:
     --sets would use them: {"model", "rollout", "rl", "finetune", "stage", "preset"}."""
     from rcgrpo.config import ConfigError, load_section, parse_sets, read_params
     from rcgrpo.models.profiles import ModelConfig
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.training.grpo.config import RLConfig
     from rcgrpo.training.sft import SFTConfig
 

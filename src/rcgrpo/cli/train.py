@@ -55,7 +55,7 @@ def train(
         cfg = _section(stage, SFTConfig, set_, params)
         final = run_sft(cfg, model_cfg, log_metrics=_printer(), resume=resume)
     else:
-        from rcgrpo.rollout.engine import RolloutConfig
+        from rcgrpo.rollout.config import RolloutConfig
         from rcgrpo.training.grpo.config import RLConfig
         from rcgrpo.training.grpo.run import run_rl
 
@@ -89,8 +89,9 @@ def eval_(
             f"{model_path} is not a folder: pass one written by save_policy, e.g. outputs/rl/final"
         )
     from rcgrpo.evaluation.compare import fmt
-    from rcgrpo.evaluation.evaluate import EvalConfig, run_eval
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.evaluation.config import EvalConfig
+    from rcgrpo.evaluation.evaluate import run_eval
+    from rcgrpo.rollout.config import RolloutConfig
 
     cfg = _section("eval", EvalConfig, set_, params)
     rollout_cfg = _section("rollout", RolloutConfig, [], params)

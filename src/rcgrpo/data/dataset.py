@@ -28,64 +28,61 @@ from typing import Literal
 
 from rcgrpo.bfcl.tasks import CATEGORIES, Task, tasks_in
 from rcgrpo.chat.record import SPLITS, Trajectory, write_jsonl
-from rcgrpo.config import ranged
 from rcgrpo.data.failures import RolloutReport
 from rcgrpo.data.perturbations import KINDS
+from rcgrpo.fields import ranged, setting
 
 
 @dataclass(frozen=True)
 class DatasetConfig:
     """params.yaml `dataset:` section."""
 
-    root: str = ""  # project (git + DVC repo) root; "" = this checkout
-    data_dir: str = "data"  # the DVC-tracked folder, relative to root
-    remote: str = "dvc_remote"  # local DVC remote folder (relative to root or absolute)
-    docs_dir: str = "reports/data_docs"  # Great Expectations Data Docs (outside data/)
-    protocol: Literal["combined", "bfcl"] = "combined"  # prompt protocol of every trajectory
-    categories: tuple[str, ...] = CATEGORIES  # BFCL multi-turn categories to include
-    # train tasks to use (0 = all 720); a seeded, category-stratified subset
-    train_tasks: int = ranged(0, "[0, inf)")
-    test_tasks: int = ranged(0, "[0, inf)")  # test tasks to use (0 = all 80)
-    # Which train tasks may be picked (the test split is never filtered: it is what we report).
-    # The CPU default narrows them to short base tasks a 1M-parameter model learns in minutes.
-    train_categories: tuple[str, ...] = ()  # () = `categories`
-    # only tasks whose ground truth has at most this many calls (0 = any)
-    train_max_calls: int = ranged(0, "[0, inf)")
-    # failures per expert in the mixed set (paper: 1:1)
-    low_per_high: float = ranged(1.0, "(0, inf)")
-    # allowed |high share - target| before validation fails
-    balance_tolerance: float = ranged(0.05, "[0, 1]")
-    kinds: tuple[str, ...] = KINDS  # perturbation kinds (failure source b)
-    # candidate perturbations tried per kind until one scores 0
-    attempts: int = ranged(4, "[1, inf)")
-    # source (a): auto = on if the engine loads. YAML reads a bare on/off as a bool: accepted.
-    rollouts: Literal["auto", "on", "off"] | bool = "auto"
-    # base policy rolled out: "" = params.yaml `model:` as it is (the policy's own profile, path
-    # and seed: failures of the model being trained); a profile name = that profile instead.
-    # Engine, scheduler and token budgets: the `rollout:` section (0 budgets = the profile's).
-    rollout_profile: str = ""
-    # most of the low half taken from rollouts (rest perturbations)
-    rollout_share: float = ranged(0.5, "[0, 1]")
-    commit: bool = True  # git-commit data.dvc after a valid build
-    push: bool = True  # dvc push to the remote after the commit
-    # wait at most this long for another build's lock
-    lock_timeout_s: float = ranged(600.0, "[0, inf)")
-    seed: int = ranged(0, "[0, inf)")  # task subset, perturbations, failure draw, row order
+    root: str = setting("", 'project (git + DVC repo) root; "" = this checkout')
+    data_dir: str = setting("data", "the DVC-tracked folder, relative to root")
+    remote: str = setting("dvc_remote", "local DVC remote folder (relative to root or absolute)")
+    docs_dir: str = setting("reports/data_docs", "Great Expectations Data Docs (outside data/)")
+    protocol: Literal["combined", "bfcl"] = setting(
+        "combined", "prompt protocol of every trajectory (combined: the paper's training prompt)"
+    )
+    categories: tuple[Literal[CATEGORIES], ...] = setting(
+        CATEGORIES, "BFCL multi-turn categories to include"
+    )
+    train_tasks: int = ranged(
+        0, "[0, inf)", "train tasks to use (0 = all 720); a seeded, category-stratified subset"
+    )
+    test_tasks: int = ranged(0, "[0, inf)", "test tasks to use (0 = all 80)")
+    train_categories: tuple[Literal[CATEGORIES], ...] = setting(
+        (), "categories the train tasks may come from ([] = categories; test is never filtered)"
+    )
+    train_max_calls: int = ranged(
+        0, "[0, inf)", "only train tasks whose ground truth has at most this many calls (0 = any)"
+    )
+    low_per_high: float = ranged(1.0, "(0, inf)", "failures per expert in the mixed set (1:1)")
+    balance_tolerance: float = ranged(
+        0.05, "[0, 1]", "|high share - target| allowed by the validation suite"
+    )
+    kinds: tuple[Literal[KINDS], ...] = setting(KINDS, "perturbation kinds (failure source b)")
+    attempts: int = ranged(4, "[1, inf)", "candidate perturbations tried per kind until one fails")
+    # YAML reads a bare on/off as a bool: accepted
+    rollouts: Literal["auto", "on", "off"] | bool = setting(
+        "auto", "failure source (a), base-policy rollouts: auto = on if the engine loads"
+    )
+    rollout_profile: str = setting(
+        "",
+        'base policy rolled out: "" = the `model:` section as it is (the policy\'s own '
+        "failures); a profile name = that profile (engine and budgets: `rollout:`)",
+    )
+    rollout_share: float = ranged(
+        0.5, "[0, 1]", "most of the failures taken from rollouts (the rest: perturbations)"
+    )
+    commit: bool = setting(True, "git-commit data.dvc after a valid build")
+    push: bool = setting(True, "dvc push to the remote after the commit")
+    lock_timeout_s: float = ranged(600.0, "[0, inf)", "wait at most this long for another build")
+    seed: int = ranged(0, "[0, inf)", "task subset, perturbations, failure draw, row order")
 
     def __post_init__(self):
         if isinstance(self.rollouts, bool):
             object.__setattr__(self, "rollouts", "on" if self.rollouts else "off")
-        if self.low_per_high <= 0:
-            raise ValueError("dataset.low_per_high must be > 0: a mixed set needs failures")
-        if not 0 <= self.rollout_share <= 1:
-            raise ValueError("dataset.rollout_share must be in [0, 1]")
-        if unknown := sorted(set(self.kinds) - set(KINDS)):
-            raise ValueError(f"dataset.kinds: unknown {unknown}; known {list(KINDS)}")
-        for name in ("categories", "train_categories"):
-            if unknown := sorted(set(getattr(self, name)) - set(CATEGORIES)):
-                raise ValueError(f"dataset.{name}: unknown {unknown}; known {list(CATEGORIES)}")
-        if self.train_max_calls < 0:
-            raise ValueError("dataset.train_max_calls must be >= 0 (0 = no limit)")
 
     @property
     def project(self) -> Path:

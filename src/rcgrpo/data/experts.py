@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rcgrpo.bfcl.checkers import ground_truth_calls, parse_call_string, score
+from rcgrpo.bfcl.checkers import ground_truth_calls, score
 from rcgrpo.bfcl.environment import Episode
 from rcgrpo.bfcl.executor import CallError
+from rcgrpo.bfcl.replay import parse_call_string
 from rcgrpo.bfcl.tasks import Task
 from rcgrpo.chat.record import Provenance, Trajectory
 

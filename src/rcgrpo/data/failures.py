@@ -142,7 +142,7 @@ def rollout_failures(
     """
     from dataclasses import replace
 
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
 
     rollout_cfg = replace(rollout or RolloutConfig(), protocol=protocol)
     try:

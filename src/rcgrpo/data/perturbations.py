@@ -19,8 +19,8 @@ from __future__ import annotations
 import copy
 import random
 
-from rcgrpo.bfcl.checkers import parse_call_string
 from rcgrpo.bfcl.executor import Call
+from rcgrpo.bfcl.replay import parse_call_string
 from rcgrpo.bfcl.tasks import Task
 from rcgrpo.chat.record import Provenance, Trajectory
 from rcgrpo.data.experts import DONE, expert_calls, scored

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from rcgrpo.bfcl.checkers import parse_call_string
 from rcgrpo.bfcl.executor import CallError
+from rcgrpo.bfcl.replay import parse_call_string
 from rcgrpo.bfcl.tasks import load_split
 from rcgrpo.chat.record import RecordError, from_dict
 from rcgrpo.data.failures import api_calls

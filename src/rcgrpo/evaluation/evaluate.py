@@ -31,11 +31,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from rcgrpo.bfcl.tasks import CATEGORIES, Task, tasks_in
+from rcgrpo.bfcl.tasks import Task, tasks_in
 from rcgrpo.chat.record import HIGH, LOW
-from rcgrpo.config import ranged
+from rcgrpo.evaluation.config import EvalConfig
 from rcgrpo.evaluation.export import write_bfcl_results
 from rcgrpo.evaluation.stats import summarise
 
@@ -45,31 +44,6 @@ LogMetrics = Callable[[dict, int], None]
 
 
 PROTOCOLS = ("combined", "bfcl")
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    split: Literal["train", "test"] = "test"  # held-out tasks are "test" (80)
-    protocol: Literal["trained", "bfcl", "combined"] = "trained"  # trained: the model's own
-    other_protocol: bool = True  # also score tokens[0] in the other protocol, reported beside
-    # 0 = greedy (bfcl-eval runs at ~0); > 0 samples, seed per pass
-    temperature: float = ranged(0.0, "[0, inf)")
-    tokens: tuple[str, ...] = ("high",)  # of "high", "low", "none"; high+low gives the gap
-    seeds: tuple[int, ...] = ranged((0,), "[0, inf)")  # one full pass over the tasks per seed
-    # BFCL multi-turn categories to include
-    categories: tuple[Literal["base", "miss_func", "miss_param", "long_context"], ...] = CATEGORIES
-    task_file: str = ""  # only the tasks of this dataset file (JSONL), e.g. the RL tasks
-    # first N tasks per category (0 = all), for quick checks only
-    limit: int = ranged(0, "[0, inf)")
-    model_name: str = "rcgrpo"  # folder name in the bfcl-eval result layout
-    out_dir: str = "outputs/eval"  # report.json, outcomes.jsonl, bfcl_results/
-
-    def __post_init__(self):
-        bad = [t for t in self.tokens if t not in TOKENS]
-        if bad or not self.tokens:
-            raise ValueError(f"tokens must be a non-empty subset of {list(TOKENS)}, got {bad}")
-        if self.temperature < 0:
-            raise ValueError("eval.temperature must be >= 0 (0 = greedy)")
 
 
 def resolve_protocol(cfg: EvalConfig, model_path=None) -> EvalConfig:
@@ -282,7 +256,7 @@ def run_eval(cfg: EvalConfig, model_cfg, model_path, rollout_cfg=None, log_metri
     from dataclasses import replace
 
     from rcgrpo.models.loading import load_policy
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import make_engine
 
     cfg = resolve_protocol(cfg, model_path)

@@ -15,14 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rcgrpo.config import ranged
+from rcgrpo.fields import ranged, setting
 
 LORA_TARGETS = {  # per architecture (config.model_type): attention + MLP projections
     "qwen2": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
 }
 POLICY_FILE = "rcgrpo_policy.json"  # written by save_policy next to the weights
-ATTENTION = ("auto", "sdpa", "flash_attention_2", "eager")  # model.attention values
 
 
 @dataclass(frozen=True)
@@ -70,36 +69,42 @@ PROFILES = {
         compact_docs=False, gradient_checkpointing=True, **_FULL,
     ),
 }  # fmt: skip
+PROFILE_NAMES = tuple(PROFILES)  # the choices of model.profile
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """params.yaml `model:` section."""
 
-    profile: str = "tiny"  # one of PROFILES
-    path: str = ""  # hub id or local folder overriding the profile's source ("" = profile's)
-    lora: bool | None = None  # LoRA adapters (None = profile default; tiny trains all weights)
-    lora_r: int = ranged(16, "[1, inf)")  # LoRA rank
-    lora_alpha: int = ranged(32, "(0, inf)")  # LoRA scale numerator (scale = alpha / r)
-    lora_dropout: float = ranged(0.0, "[0, 1)")  # dropout on the LoRA input
-    lora_target_modules: tuple[str, ...] = ()  # () = LORA_TARGETS[model_type]
-    train_reward_rows: bool = True  # with LoRA, also train the 2 reward-token embedding rows
-    compact_docs: bool | None = None  # signature-only tool docs (None = profile default)
-    gradient_checkpointing: bool | None = None  # recompute activations in backward (None = profile)
-    # torch dtype; auto = bfloat16 on CUDA for hub/GGUF profiles, else float32
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    # auto: flash_attention_2 on CUDA in 16-bit when flash-attn is installed (training packs
-    # micro-batches into padding-free rows), else sdpa (right-padded rows, no dense mask);
-    # rcgrpo.models.loading.attention_implementation
-    attention: Literal["auto", "sdpa", "flash_attention_2", "eager"] = "auto"
-    device: str = "auto"  # torch device for the policy; auto = cuda if available, else cpu
-    seed: int = ranged(0, "[0, inf)")  # seeds the tiny model's init and the LoRA init
-
-    def __post_init__(self):
-        if self.attention not in ATTENTION:
-            raise ValueError(f"model.attention must be one of {ATTENTION}, got {self.attention!r}")
-        if self.profile not in PROFILES:
-            raise ValueError(
-                f"unknown model profile {self.profile!r}: pick one of {sorted(PROFILES)} "
-                "(params.yaml model.profile), or set model.path to a local folder or hub id"
-            )
+    profile: Literal[PROFILE_NAMES] = setting(
+        "tiny", "model profile (PROFILES); another model: the profile of its shape + model.path"
+    )
+    path: str = setting("", "hub id or local folder overriding the profile's (\"\" = profile's)")
+    lora: bool | None = setting(None, "LoRA adapters (null = profile's: tiny trains all weights)")
+    lora_r: int = ranged(16, "[1, inf)", "LoRA rank")
+    lora_alpha: int = ranged(32, "(0, inf)", "LoRA scale numerator (scale = alpha / r)")
+    lora_dropout: float = ranged(0.0, "[0, 1)", "dropout on the LoRA input")
+    lora_target_modules: tuple[str, ...] = setting(
+        (), "[] = LORA_TARGETS of the architecture (q,k,v,o,gate,up,down projections)"
+    )
+    train_reward_rows: bool = setting(
+        True, "with LoRA, also train the 2 reward-token embedding rows"
+    )
+    compact_docs: bool | None = setting(
+        None, "signature-only tool docs in the prompt (null = profile's)"
+    )
+    gradient_checkpointing: bool | None = setting(
+        None, "recompute activations in backward (null = profile's: on for 7B/8B)"
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting(
+        "auto", "torch dtype; auto = bfloat16 on CUDA for hub/GGUF profiles, else float32"
+    )
+    attention: Literal["auto", "sdpa", "flash_attention_2", "eager"] = setting(
+        "auto",
+        "auto: flash_attention_2 on CUDA in 16-bit when flash-attn is installed (packed rows), "
+        "else sdpa (rcgrpo.models.loading.attention_implementation)",
+    )
+    device: str = setting(
+        "auto", "torch device; auto = cuda if available (cuda:LOCAL_RANK under torchrun), else cpu"
+    )
+    seed: int = ranged(0, "[0, inf)", "seeds the tiny model's init and the LoRA init")

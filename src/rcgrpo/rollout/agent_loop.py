@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rcgrpo.bfcl.checkers import Verdict, score, score_many
+from rcgrpo.bfcl.checkers import score, score_many
 from rcgrpo.bfcl.environment import STEP_LIMIT, Episode
+from rcgrpo.bfcl.replay import Verdict
 from rcgrpo.bfcl.tasks import Task, load_split
 from rcgrpo.chat import prompts
 from rcgrpo.chat.record import Provenance, Trajectory

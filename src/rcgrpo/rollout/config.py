@@ -1,7 +1,7 @@
 """The `rollout:` section of params.yaml: which engine, which scheduler, budgets, vLLM servers.
 
-Loaded with `rcgrpo.config.load_section("rollout", RolloutConfig)`; `rcgrpo.rollout.engine`
-re-exports it (`from rcgrpo.rollout.engine import RolloutConfig` keeps working).
+Loaded with `rcgrpo.config.load_section("rollout", RolloutConfig)`; `rcgrpo config show rollout`
+prints every field with its value, rule and help.
 
 Schedulers (rcgrpo.rollout.scheduler): `async` (default) keeps every episode of a rollout call in
 flight at once, up to `max_in_flight`; each sends its next request as soon as its own tool results
@@ -20,8 +20,9 @@ servers sleep after each rollout call and wake at the next sync or rollout.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
-from rcgrpo.config import ranged
+from rcgrpo.fields import ranged, setting
 from rcgrpo.rollout.agent_loop import Limits
 
 
@@ -29,47 +30,51 @@ from rcgrpo.rollout.agent_loop import Limits
 class RolloutConfig:
     """params.yaml `rollout:` section."""
 
-    engine: str = "hf"  # "hf" (transformers generate loop) | "vllm" (vLLM server, own venv)
-    protocol: str = "combined"  # "combined" (paper, Step 1..n + done()) | "bfcl" (turn by turn)
-    temperature: float = ranged(1.0, "[0, inf)")  # 0 = greedy
-    top_p: float = ranged(1.0, "(0, 1]")  # nucleus sampling mass
-    # per model message (0 = the model profile's, rcgrpo.models.profiles.PROFILES)
-    max_new_tokens: int = ranged(0, "[0, inf)")
-    # per episode: prompt + every turn (0 = the model profile's)
-    max_total_tokens: int = ranged(0, "[0, inf)")
-    max_steps: int = ranged(20, "[1, inf)")  # model messages per turn (BFCL's step limit)
-    max_batch: int = ranged(64, "[1, inf)")  # most sequences in one batched generate call (hf)
-    prefix_cache: bool = True  # hf: an episode's next message prefills only its new tokens
-    # hf on the CPU: torch threads while generating (0 = runtime.torch_threads)
-    threads: int = ranged(0, "[0, inf)")
-    scheduler: str = "async"  # "async" (episodes in flight at once) | "lockstep" (rounds)
-    max_in_flight: int = ranged(1280, "[1, inf)")  # async: most episodes in flight at once
-    tool_workers: int = ranged(0, "[0, inf)")  # async: sandbox workers for tools (0 = CPU count)
-    # vllm only: share of GPU memory for the engine
-    vllm_gpu_memory_utilization: float = ranged(0.6, "(0, 1]")
-    vllm_max_lora_rank: int = ranged(64, "[1, inf)")  # vllm only: upper bound on the adapter rank
-    vllm_servers: int = ranged(1, "[1, inf)")  # vllm: servers (data parallel), one per device set
-    vllm_devices: tuple[str, ...] = ()  # vllm: CUDA_VISIBLE_DEVICES per server (() = in order)
-    tensor_parallel_size: int = ranged(1, "[1, inf)")  # vllm: GPUs per server
-    vllm_max_num_seqs: int = ranged(256, "[1, inf)")  # vllm: sequences a server runs at once
-    vllm_prefix_caching: bool = True  # vllm: --enable-prefix-caching (hit rate logged per call)
-    vllm_sleep_mode: bool = False  # vllm colocated: sleep after each rollout, wake at sync
+    engine: Literal["hf", "vllm"] = setting(
+        "hf", "hf: the transformers generate loop; vllm: a vLLM server (own venv)"
+    )
+    protocol: Literal["combined", "bfcl"] = setting(
+        "combined", "combined: the paper's Step 1..n + done(); bfcl: turn by turn"
+    )
+    temperature: float = ranged(1.0, "[0, inf)", "sampling temperature (0 = greedy)")
+    top_p: float = ranged(1.0, "(0, 1]", "nucleus sampling mass")
+    max_new_tokens: int = ranged(
+        0, "[0, inf)", "per model message (0 = the model profile's budget)"
+    )
+    max_total_tokens: int = ranged(
+        0, "[0, inf)", "per episode: prompt + every turn (0 = the model profile's budget)"
+    )
+    max_steps: int = ranged(20, "[1, inf)", "model messages per turn (BFCL's step limit)")
+    max_batch: int = ranged(64, "[1, inf)", "hf: most sequences in one batched generate call")
+    prefix_cache: bool = setting(True, "hf: an episode's next message prefills only new tokens")
+    threads: int = ranged(
+        0, "[0, inf)", "hf on the CPU: torch threads while generating (0 = runtime.torch_threads)"
+    )
+    scheduler: Literal["async", "lockstep"] = setting(
+        "async", "async: episodes in flight at once; lockstep: rounds wait for the slowest"
+    )
+    max_in_flight: int = ranged(1280, "[1, inf)", "async: most episodes in flight at once")
+    tool_workers: int = ranged(
+        0, "[0, inf)", "async: sandbox workers running tool calls (0 = one per core, <= 16)"
+    )
+    vllm_gpu_memory_utilization: float = ranged(
+        0.6, "(0, 1]", "vllm: share of GPU memory for the engine"
+    )
+    vllm_max_lora_rank: int = ranged(64, "[1, inf)", "vllm: upper bound on the adapter rank")
+    vllm_servers: int = ranged(1, "[1, inf)", "vllm: servers (data parallel), one per device set")
+    vllm_devices: tuple[str, ...] = setting(
+        (), 'vllm: CUDA_VISIBLE_DEVICES per server, e.g. ["0,1", "2,3"] ([] = in order)'
+    )
+    tensor_parallel_size: int = ranged(1, "[1, inf)", "vllm: GPUs per server")
+    vllm_max_num_seqs: int = ranged(256, "[1, inf)", "vllm: sequences a server runs at once")
+    vllm_prefix_caching: bool = setting(
+        True, "vllm: --enable-prefix-caching (hit rate: rollout/prefix_cache_hit_rate)"
+    )
+    vllm_sleep_mode: bool = setting(
+        False, "vllm colocated with training: sleep after each rollout, wake at sync (CUDA)"
+    )
 
     def __post_init__(self):
-        if self.engine not in ("hf", "vllm"):
-            raise ValueError(f"rollout.engine must be 'hf' or 'vllm', got {self.engine!r}")
-        if self.protocol not in ("bfcl", "combined"):
-            raise ValueError(f"rollout.protocol must be 'bfcl' or 'combined': {self.protocol!r}")
-        if self.scheduler not in ("async", "lockstep"):
-            raise ValueError(f"rollout.scheduler must be 'async' or 'lockstep': {self.scheduler!r}")
-        if not 0 < self.top_p <= 1 or self.temperature < 0:
-            raise ValueError("rollout.top_p must be in (0, 1] and temperature >= 0")
-        if self.max_new_tokens < 0 or self.max_total_tokens < 0:
-            raise ValueError(
-                "rollout.max_new_tokens / max_total_tokens must be >= 0 (0 = profile's)"
-            )
-        if self.threads < 0:
-            raise ValueError(f"rollout.threads must be >= 0 (0 = default), got {self.threads}")
         if self.vllm_devices:
             object.__setattr__(self, "vllm_devices", tuple(str(d) for d in self.vllm_devices))
             if self.vllm_servers not in (1, len(self.vllm_devices)):

@@ -30,9 +30,7 @@ from rcgrpo.rollout import scheduler
 from rcgrpo.rollout.agent_loop import AgentLoop, Rollout
 from rcgrpo.rollout.agent_loop import results as scored_results
 from rcgrpo.rollout.config import RolloutConfig
-from rcgrpo.rollout.scheduler import Clock, RoundBatcher, ToolPool, episode_seed
-
-__all__ = ["Engine", "RolloutConfig", "Sample", "check_sampled", "episode_seed"]
+from rcgrpo.rollout.scheduler import Clock, RoundBatcher, ToolPool
 
 
 @dataclass

@@ -32,32 +32,33 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
-from rcgrpo.config import ranged
+from rcgrpo.fields import ranged, setting
 
 
 @dataclass(frozen=True)
 class ExecutionConfig:
     """params.yaml `execution:` section."""
 
-    backend: Literal["local", "ray"] = "local"  # local: this process; ray: Ray actor workers
-    # local: a private cluster (0600 token); auto: RAY_ADDRESS or the `ray start` one, else
-    # private (never one found in `ps`); or ray://host:10001 (rcgrpo.rollout.ray_cluster)
-    address: str = "local"
-    workers: int = ranged(2, "[1, inf)")  # Ray actors, each with its own policy and engine
-    cpus_per_worker: float = ranged(1.0, "[0, inf)")  # Ray CPUs reserved per worker
-    # Ray GPUs per worker (vLLM replicas on a GPU cluster)
-    gpus_per_worker: float = ranged(0.0, "[0, inf)")
-    # Ray memory reserved per worker (scheduling)
-    memory_per_worker_gb: float = ranged(2.0, "[0, inf)")
-    # ray: episodes per shard (RL: rounded up to whole groups); local runs one call
-    shard_size: int = ranged(16, "[1, inf)")
-    max_retries: int = ranged(3, "[0, inf)")  # restarts of a dead worker and retries of its shard
-
-    def __post_init__(self):
-        if self.backend not in ("local", "ray"):
-            raise ValueError(f"execution.backend must be 'local' or 'ray', got {self.backend!r}")
-        if self.workers < 1 or self.shard_size < 1 or self.max_retries < 0:
-            raise ValueError("execution.workers and shard_size must be >= 1, max_retries >= 0")
+    backend: Literal["local", "ray"] = setting(
+        "local", "local: this process; ray: Ray actor workers"
+    )
+    address: str = setting(
+        "local",
+        "local: a private cluster (0600 token); auto: RAY_ADDRESS or the `ray start` one, else "
+        "private (never one found in `ps`); or ray://host:10001 (rcgrpo.rollout.ray_cluster)",
+    )
+    workers: int = ranged(2, "[1, inf)", "Ray actors, each with its own policy and engine")
+    cpus_per_worker: float = ranged(1.0, "[0, inf)", "Ray CPUs reserved per worker")
+    gpus_per_worker: float = ranged(
+        0.0, "[0, inf)", "Ray GPUs per worker (vLLM replicas on a GPU cluster)"
+    )
+    memory_per_worker_gb: float = ranged(
+        2.0, "[0, inf)", "Ray memory reserved per worker (scheduling)"
+    )
+    shard_size: int = ranged(
+        16, "[1, inf)", "ray: episodes per shard (RL: whole groups); local runs one call"
+    )
+    max_retries: int = ranged(3, "[0, inf)", "restarts of a dead worker and retries of its shard")
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class RolloutSpec:
 
     model: object  # rcgrpo.models.profiles.ModelConfig
     path: str | None
-    rollout: object  # rcgrpo.rollout.engine.RolloutConfig
+    rollout: object  # rcgrpo.rollout.config.RolloutConfig
 
 
 def make_engine(cfg, policy, device: str | None = None):

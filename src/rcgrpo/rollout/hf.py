@@ -35,7 +35,8 @@ import contextlib
 
 import torch
 
-from rcgrpo.rollout.engine import Engine, RolloutConfig, Sample
+from rcgrpo.rollout.config import RolloutConfig
+from rcgrpo.rollout.engine import Engine, Sample
 from rcgrpo.runtime import torch_threads
 
 PREFILL_TOKENS = 8192  # most prompt tokens in one prefill forward (rows of equal length)

@@ -48,7 +48,8 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rcgrpo.rollout.engine import Engine, RolloutConfig, Sample
+from rcgrpo.rollout.config import RolloutConfig
+from rcgrpo.rollout.engine import Engine, Sample
 from rcgrpo.rollout.router import Router, visible_gpus
 from rcgrpo.rollout.scheduler import Clock, DirectClient
 from rcgrpo.rollout.vllm_server import VLLMServer, cuda, gpu_of

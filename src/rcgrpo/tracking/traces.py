@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rcgrpo.chat.record import HIGH, LOW
-from rcgrpo.config import ranged
+from rcgrpo.fields import ranged, setting
 
 GOALS = {HIGH: "high", LOW: "low", None: "none"}
 
@@ -39,11 +39,15 @@ GOALS = {HIGH: "high", LOW: "low", None: "none"}
 class TracesConfig:
     """params.yaml `traces:` section: which recorded episodes become MLflow traces."""
 
-    enabled: bool = True  # write episode traces (RL and evaluation) into the stage's MLflow run
-    rl_every: int = ranged(5, "[0, inf)")  # RL steps 1, 1+N, 1+2N, ... and the last (0 = none)
-    rl_groups: int = ranged(2, "[0, inf)")  # groups per traced RL step, all G each (0 = all)
-    eval_every: int = ranged(1, "[0, inf)")  # every N-th evaluation episode (1 = all, 0 = none)
-    max_chars: int = ranged(4000, "[0, inf)")  # characters kept per text field of a span (0 = all)
+    enabled: bool = setting(True, "write episode traces (RL and evaluation) into the stage's run")
+    rl_every: int = ranged(
+        5, "[0, inf)", "RL steps 1, 1+N, 1+2N, ... and the last are traced (0 = none)"
+    )
+    rl_groups: int = ranged(
+        2, "[0, inf)", "groups per traced RL step, each with all G rollouts (0 = all)"
+    )
+    eval_every: int = ranged(1, "[0, inf)", "every N-th evaluation episode (1 = all, 0 = none)")
+    max_chars: int = ranged(4000, "[0, inf)", "characters kept per text field of a span (0 = all)")
 
 
 def traced_step(step: int, steps: int, every: int) -> bool:

@@ -35,7 +35,7 @@ from typing import Literal
 import torch
 
 from rcgrpo.chat.record import HIGH, LOW, Trajectory
-from rcgrpo.config import ranged
+from rcgrpo.fields import ranged, setting
 from rcgrpo.training.forward import with_training_attention
 
 LogMetrics = Callable[[dict, int], None]
@@ -43,28 +43,40 @@ LogMetrics = Callable[[dict, int], None]
 
 @dataclass(frozen=True)
 class SFTConfig:
-    mode: Literal["sft", "rctp"] = "rctp"  # rctp: mixed data + reward goals; sft: experts, no goal
-    data: str = "data/rctp/train.jsonl"  # Trajectory JSONL (rcgrpo.chat.record)
-    out_dir: str = "outputs/rctp"  # checkpoints/, final/ (the adapter or full model)
-    lr: float = ranged(1e-5, "(0, 1]")  # AdamW peak learning rate (paper: 1e-5)
-    batch_size: int = ranged(16, "[1, inf)")  # sequences per optimizer step (paper: 16)
-    # sequences per forward pass; accumulation = batch / micro
-    micro_batch_size: int = ranged(4, "[1, inf)")
-    # tokens per forward pass: the batch's examples sorted by length and packed up to this many
-    # computed tokens (padded, or packed under flash-attention); 0 = micro_batch_size examples
-    max_tokens_per_micro_batch: int = ranged(0, "[0, inf)")  # 0 = by count, micro_batch_size
-    epochs: int = ranged(5, "[1, inf)")  # passes over the data (paper: 5 for RCTP-FT, 2 for SFT)
-    # longest rendered example kept; longer ones are dropped and counted
-    max_len: int = ranged(0, "[0, inf)")
-    # (0 = the model profile's sft_max_len, rcgrpo.models.profiles.PROFILES; a cut would lose the
-    # assistant tokens at the end or the system prompt at the start)
-    # linear warmup fraction of the steps, then linear decay to 0
-    warmup_ratio: float = ranged(0.03, "[0, 1)")
-    weight_decay: float = ranged(0.0, "[0, 1]")  # AdamW weight decay
-    grad_clip: float = ranged(1.0, "[0, inf)")  # max global grad norm (0 = off)
-    # checkpoint every N optimizer steps (0 = only the final model)
-    save_every: int = ranged(0, "[0, inf)")
-    seed: int = ranged(0, "[0, inf)")  # batch order and any dropout
+    """params.yaml `rctp:` and `sft:` sections."""
+
+    mode: Literal["sft", "rctp"] = setting(
+        "rctp", "rctp: mixed data + reward goals; sft: experts only, no goal"
+    )
+    data: str = setting("data/rctp/train.jsonl", "Trajectory JSONL (rcgrpo.chat.record)")
+    out_dir: str = setting("outputs/rctp", "checkpoints/, final/ (the adapter or full model)")
+    lr: float = ranged(1e-5, "(0, 1]", "AdamW peak learning rate (paper: 1e-5)")
+    batch_size: int = ranged(16, "[1, inf)", "sequences per optimizer step (paper: 16)")
+    micro_batch_size: int = ranged(
+        4, "[1, inf)", "sequences per forward pass; accumulation = batch / micro"
+    )
+    max_tokens_per_micro_batch: int = ranged(
+        0,
+        "[0, inf)",
+        "tokens per forward pass: the batch's examples sorted by length and packed up to this "
+        "many (rcgrpo plan); 0 = micro_batch_size examples instead",
+    )
+    epochs: int = ranged(5, "[1, inf)", "passes over the data (paper: 5 for RCTP-FT, 2 for SFT)")
+    max_len: int = ranged(
+        0,
+        "[0, inf)",
+        "longest rendered example kept, longer ones are dropped and counted (0 = the profile's "
+        "sft_max_len: a cut would lose the last assistant tokens or the system prompt)",
+    )
+    warmup_ratio: float = ranged(
+        0.03, "[0, 1)", "linear warmup fraction of the steps, then linear decay to 0"
+    )
+    weight_decay: float = ranged(0.0, "[0, 1]", "AdamW weight decay")
+    grad_clip: float = ranged(1.0, "[0, inf)", "max global grad norm (0 = off)")
+    save_every: int = ranged(
+        0, "[0, inf)", "checkpoint every N optimizer steps (0 = only the final model)"
+    )
+    seed: int = ranged(0, "[0, inf)", "batch order and any dropout")
 
     def __post_init__(self):
         if self.batch_size % self.micro_batch_size:

@@ -12,46 +12,59 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rcgrpo.config import ranged
+from rcgrpo.fields import ranged, setting
 
 
 @dataclass(frozen=True)
 class RLConfig:
-    init: Literal["sft", "rctp"] = "rctp"  # start from the SFT or the RCTP-FT model
-    init_path: str = ""  # the model to start from; "" = outputs/<init>/final
-    conditioning: Literal["none", "rc"] = "rc"  # rc: a sampled reward token per rollout
-    advantage: Literal["grpo", "mean", "sign"] = "grpo"  # (R-mean)/std, R-mean, or 2R-1
-    token_sampling: Literal["iid", "stratified"] = "iid"  # iid P(high)=p, or both per group
-    p_high: float = ranged(0.5, "[0, 1]")  # P(<|high_reward|>) per rollout (paper: 0.5)
-    group_size: int = ranged(5, "[1, inf)")  # rollouts per task, G (paper: 5)
-    # groups per step; the batch is tasks_per_step * group_size rollouts
-    tasks_per_step: int = ranged(8, "[1, inf)")
-    steps: int = ranged(400, "[1, inf)")  # RL steps, one rollout batch each (paper: "400 epochs")
-    # PPO passes over one step's rollouts (each pass: all mini-batches)
-    inner_epochs: int = ranged(1, "[1, inf)")
-    # rollouts per optimizer step; 0 = the whole batch (1 update/pass)
-    mini_batch_size: int = ranged(0, "[0, inf)")
-    # rollouts per forward pass (gradient accumulation)
-    micro_batch_size: int = ranged(8, "[1, inf)")
-    # tokens per forward pass: rollouts sorted by length and packed up to this many computed
-    # tokens (padded, or packed under flash-attention); 0 = micro_batch_size rollouts instead
-    # (rcgrpo.training.batching; `rcgrpo plan` gives the largest that fits a GPU)
-    max_tokens_per_micro_batch: int = ranged(0, "[0, inf)")  # 0 = by count, micro_batch_size
-    lr: float = ranged(1e-6, "(0, 1]")  # AdamW learning rate (paper: 1e-6), constant after warmup
-    # linear warmup, in RL steps (the lr changes once per RL step)
-    warmup_steps: int = ranged(0, "[0, inf)")
-    grad_clip: float = ranged(1.0, "[0, inf)")  # max global grad norm (0 = off)
-    clip_eps: float = ranged(0.2, "(0, 1]")  # PPO ratio clip (paper: 0.2)
-    # beta of the KL to the frozen initial model (paper: 0.1)
-    kl_coef: float = ranged(0.1, "[0, inf)")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # per-token KL estimator
-    aggregation: Literal["token-mean", "seq-mean"] = "token-mean"  # loss average
-    reward: Literal["paper", "bfcl"] = "paper"  # which checker's 0/1 is the training reward
-    protocol: Literal["bfcl", "combined"] = "combined"  # combined = the paper's Step 1..n prompt
-    tasks_from: str = "data/rctp/train.jsonl"  # RL tasks: those of this dataset file ("" = all 720)
-    save_every: int = ranged(50, "[0, inf)")  # checkpoint every N steps (0 = never)
-    seed: int = ranged(0, "[0, inf)")  # task draws, reward tokens, rollout sampling
-    out_dir: str = "outputs/rl"  # checkpoints/, metrics.jsonl, final/
+    """params.yaml `rl:` section."""
+
+    init: Literal["sft", "rctp"] = setting("rctp", "start from the SFT or the RCTP-FT model")
+    init_path: str = setting("", 'the model to start from; "" = outputs/<init>/final')
+    conditioning: Literal["none", "rc"] = setting("rc", "rc: a sampled reward token per rollout")
+    advantage: Literal["grpo", "mean", "sign"] = setting("grpo", "(R-mean)/std, R-mean, or 2R-1")
+    token_sampling: Literal["iid", "stratified"] = setting(
+        "iid", "reward tokens: iid with P(high) = p_high, or both in every group"
+    )
+    p_high: float = ranged(0.5, "[0, 1]", "P(<|high_reward|>) per rollout (paper: 0.5)")
+    group_size: int = ranged(5, "[1, inf)", "rollouts per task, G (paper: 5)")
+    tasks_per_step: int = ranged(
+        8, "[1, inf)", "groups per step; the batch is tasks_per_step * group_size rollouts"
+    )
+    steps: int = ranged(400, "[1, inf)", 'RL steps, one rollout batch each (paper: "400 epochs")')
+    inner_epochs: int = ranged(
+        1, "[1, inf)", "PPO passes over one step's rollouts (each pass: all mini-batches)"
+    )
+    mini_batch_size: int = ranged(
+        0, "[0, inf)", "rollouts per optimizer step; 0 = the whole batch (1 update per pass)"
+    )
+    micro_batch_size: int = ranged(8, "[1, inf)", "rollouts per forward pass (accumulation)")
+    max_tokens_per_micro_batch: int = ranged(
+        0,
+        "[0, inf)",
+        "tokens per forward pass: rollouts sorted by length and packed up to this many "
+        "(rcgrpo.training.batching; `rcgrpo plan` gives the largest that fits a GPU); "
+        "0 = micro_batch_size rollouts instead",
+    )
+    lr: float = ranged(1e-6, "(0, 1]", "AdamW learning rate (paper: 1e-6), constant after warmup")
+    warmup_steps: int = ranged(0, "[0, inf)", "linear warmup, in RL steps (lr changes per step)")
+    grad_clip: float = ranged(1.0, "[0, inf)", "max global grad norm (0 = off)")
+    clip_eps: float = ranged(0.2, "(0, 1]", "PPO ratio clip (paper: 0.2)")
+    kl_coef: float = ranged(0.1, "[0, inf)", "beta of the KL to the frozen initial model (0.1)")
+    kl_estimator: Literal["k1", "k2", "k3"] = setting("k3", "per-token KL estimator")
+    aggregation: Literal["token-mean", "seq-mean"] = setting("token-mean", "loss average")
+    reward: Literal["paper", "bfcl"] = setting(
+        "paper", "which checker's 0/1 is the training reward"
+    )
+    protocol: Literal["bfcl", "combined"] = setting(
+        "combined", "combined: the paper's Step 1..n prompt; bfcl: turn by turn"
+    )
+    tasks_from: str = setting(
+        "data/rctp/train.jsonl", 'RL tasks: those of this dataset file ("" = all 720)'
+    )
+    save_every: int = ranged(50, "[0, inf)", "checkpoint every N steps (0 = never)")
+    seed: int = ranged(0, "[0, inf)", "task draws, reward tokens, rollout sampling")
+    out_dir: str = setting("outputs/rl", "checkpoints/, metrics.jsonl, final/")
 
     def __post_init__(self):
         if self.token_sampling == "stratified" and self.group_size < 2:
@@ -61,10 +74,6 @@ class RLConfig:
                 f"advantage={self.advantage} needs group_size >= 2 (a group of 1 "
                 "always has zero variance, so every update would vanish)"
             )
-        if self.inner_epochs < 1 or self.steps < 1 or self.tasks_per_step < 1:
-            raise ValueError("steps, tasks_per_step and inner_epochs must be >= 1")
-        if self.micro_batch_size < 1 or self.mini_batch_size < 0:
-            raise ValueError("micro_batch_size must be >= 1 and mini_batch_size >= 0 (0 = batch)")
         batch = self.tasks_per_step * self.group_size
         if self.mini_batch_size and self.mini_batch_size % self.micro_batch_size:
             raise ValueError(

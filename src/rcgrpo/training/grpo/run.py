@@ -17,7 +17,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from rcgrpo.training.grpo.trainer import LogMetrics, RLConfig, Trainer
+from rcgrpo.training.grpo.config import RLConfig
+from rcgrpo.training.grpo.trainer import LogMetrics, Trainer
 
 
 def rl_tasks(cfg: RLConfig):
@@ -51,7 +52,7 @@ def run_rl(
     """Load the initial policy (cfg.start_path), train on the RL tasks, save <out_dir>/final.
     on_rollouts: the Trainer's per-step rollout callback (episode traces), or None."""
     from rcgrpo.models.loading import load_policy, save_policy
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import make_engine
     from rcgrpo.training import distributed
 

@@ -42,7 +42,6 @@ from rcgrpo.training.grpo.core_algos import minibatch_indices
 from rcgrpo.training.grpo.metrics import step_metrics
 
 LogMetrics = Callable[[dict, int], None]
-__all__ = ["LogMetrics", "RLConfig", "Trainer", "step_seed"]
 
 
 class Trainer:

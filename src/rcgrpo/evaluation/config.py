@@ -1,0 +1,42 @@
+"""The `eval:` section of params.yaml: which tasks, protocol, reward goals and seeds an
+evaluation runs (rcgrpo.evaluation.evaluate runs it).
+
+    rcgrpo config show eval
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rcgrpo.bfcl.tasks import CATEGORIES
+from rcgrpo.fields import ranged, setting
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """params.yaml `eval:` section."""
+
+    split: Literal["train", "test"] = setting("test", 'held-out tasks are "test" (80)')
+    protocol: Literal["trained", "bfcl", "combined"] = setting(
+        "trained", "trained: the one the model was trained with (its saved policy says which)"
+    )
+    other_protocol: bool = setting(True, "also score tokens[0] in the other protocol, beside")
+    temperature: float = ranged(
+        0.0, "[0, inf)", "0 = greedy (bfcl-eval runs at ~0); > 0 samples, a seed per pass"
+    )
+    tokens: tuple[Literal["high", "low", "none"], ...] = setting(
+        ("high",), "reward goals, one pass each; [high, low] gives the controllability gap"
+    )
+    seeds: tuple[int, ...] = ranged((0,), "[0, inf)", "one full pass over the tasks per seed")
+    categories: tuple[Literal[CATEGORIES], ...] = setting(
+        CATEGORIES, "BFCL multi-turn categories to include"
+    )
+    task_file: str = setting("", "only the tasks of this dataset file (JSONL), e.g. the RL tasks")
+    limit: int = ranged(0, "[0, inf)", "first N tasks per category (0 = all), quick checks only")
+    model_name: str = setting("rcgrpo", "folder name in the bfcl-eval result layout")
+    out_dir: str = setting("outputs/eval", "report.json, outcomes.jsonl, bfcl_results/")
+
+    def __post_init__(self):
+        if not self.tokens:  # the one rule no declaration carries
+            raise ValueError("eval.tokens must name at least one reward goal (high, low, none)")
