@@ -16,6 +16,7 @@ is read with `ast` from the source files, so nothing is imported to check it.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,10 +154,117 @@ def test_no_file_over_300_lines():
     assert not long, f"files over {MAX_LINES} lines (split them along their concepts): {long}"
 
 
-def test_every_package_says_what_it_may_import():
-    for init in SRC.rglob("__init__.py"):
-        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
-        assert "import" in doc, f"{init.relative_to(ROOT)}: say what the stage may import"
+def _unit(module: str) -> str:
+    """What a package docstring names for an imported module: its stage package (`rollout`,
+    `flows`) or, in the bottom layer, the module itself (`config`, `runtime`)."""
+    parts = module.split(".")
+    return parts[0] if parts[0] == "flows" else parts[1]
+
+
+def stated_imports(doc: str) -> set[str] | None:
+    """The names after `Imports:` in a package docstring, up to the full stop ('none' = {})."""
+    match = re.search(r"Imports: ([^.]*)\.", doc)
+    if match is None:
+        return None
+    names = {n.strip() for n in match.group(1).replace("\n", " ").split(",")}
+    return set() if names == {"none"} else names
+
+
+def imported_units(package: str, graph: dict[str, set[str]]) -> set[str]:
+    """The stage packages and bottom-layer modules that the modules of `package` import."""
+    inside = lambda m: m == package or m.startswith(package + ".")  # noqa: E731
+    return {_unit(b) for a, edges in graph.items() if inside(a) for b in edges if not inside(b)}
+
+
+def test_every_package_says_what_it_imports():
+    """Each package's docstring ends with `Imports: a, b.`, exactly what its modules import."""
+    graph, wrong = import_graph(), []
+    for init in sorted(SRC.rglob("__init__.py")):
+        package = ".".join(init.parent.relative_to(SRC).parts)
+        if package == "rcgrpo":
+            continue  # the root: its docstring states the layer order (test below)
+        stated = stated_imports(ast.get_docstring(ast.parse(init.read_text())) or "")
+        actual = imported_units(package, graph)
+        where = init.relative_to(ROOT)
+        if stated is None:
+            wrong.append(f"{where}: no `Imports: ...` line (it imports {sorted(actual)})")
+        elif stated != actual:
+            wrong.append(
+                f"{where}: says it imports {sorted(stated)}, its modules import "
+                f"{sorted(actual)} (add {sorted(actual - stated)}, drop {sorted(stated - actual)})"
+            )
+        names = {n: "flows" if n == "flows" else f"rcgrpo.{n}" for n in stated or ()}
+        upward = [n for n, m in names.items() if layer_of(m) > layer_of(package)]
+        if upward:
+            wrong.append(f"{where}: names layers above its own: {upward}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_root_docstring_lists_the_layers_in_order():
+    doc = ast.get_docstring(ast.parse((SRC / "rcgrpo" / "__init__.py").read_text())) or ""
+    chain = re.search(r"bottom to top: ([\w >-]+);", " ".join(doc.split())).group(1)
+    stages = [p.split(".")[1] for (p, *_) in LAYERS[1:-2]]  # flows/ and cli/: "on top"
+    assert chain.split(" -> ") == stages, (chain, stages)
+
+
+def test_the_import_statement_check_sees_a_false_statement():
+    graph = {"rcgrpo.chat.x": {"rcgrpo.bfcl.tasks", "rcgrpo.config"}, "rcgrpo.chat": set()}
+    assert imported_units("rcgrpo.chat", graph) == {"bfcl", "config"}
+    assert stated_imports("Prompts.\nImports: bfcl,\nconfig. More.") == {"bfcl", "config"}
+    assert stated_imports("Imports: none.") == set() and stated_imports("May import: x") is None
+
+
+def _top_names(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """(names a module defines, names it only imports) at its top level."""
+    defined, imported = set(), set()
+
+    def walk(body):
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined.add(node.name)
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                imported.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.If | ast.Try):
+                for part in (node.body, node.orelse, getattr(node, "finalbody", [])):
+                    walk(part)
+                for handler in getattr(node, "handlers", []):
+                    walk(handler.body)
+            else:  # an assignment, a for or with target
+                defined.update(
+                    t.id
+                    for t in ast.walk(node)
+                    if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)
+                )
+
+    walk(tree.body)
+    return defined, imported - defined
+
+
+def reexported_imports() -> list[str]:
+    """Every `from M import name` (src/, flows/, tests/, bench/, scripts/) where M does not
+    define `name` but imported it: a shim. Import a name from the module that defines it."""
+    files = dict(_modules())
+    for folder in ("tests", "bench", "scripts"):  # run with their folder on sys.path
+        files.update({p.stem: p for p in (ROOT / folder).glob("*.py")})
+    trees = {m: ast.parse(p.read_text(), str(p)) for m, p in files.items()}
+    names = {m: _top_names(t) for m, t in trees.items()}
+    found = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.ImportFrom) and node.module in files and not node.level):
+                continue
+            defined, imported = names[node.module]
+            for alias in node.names:
+                name = alias.name
+                if f"{node.module}.{name}" not in files and name in imported:
+                    where = files[module].relative_to(ROOT)
+                    found.append(f"{where}:{node.lineno} imports {name} through {node.module}")
+    return found
+
+
+def test_no_name_is_imported_through_a_module_that_only_imports_it():
+    found = reexported_imports()
+    assert not found, "import these from their defining module:\n" + "\n".join(found)
 
 
 def test_the_checker_sees_a_circle_and_an_upward_import():

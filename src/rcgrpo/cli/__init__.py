@@ -10,11 +10,13 @@ so `rcgrpo --help` stays fast (tests/test_cli_pipeline.py checks it).
     rcgrpo schedule --cron "0 2 * * *"
     rcgrpo env show multi_turn_base_0
     rcgrpo plan --profile qwen2.5-7b-instruct --preset paper --gpus 8 --gpu-memory 80
+    rcgrpo config show rl          # every setting: value, default, range or choices, help
 
 Errors of the project's own types (a bad `--set`, a corrupt JSONL row, a failed rollback, a
 refused checkpoint, ...) end every command the same way, in `main`: `error: <message>` on stderr
 and exit code 2, no traceback. Anything else is a bug and keeps its traceback.
-The top layer: may import every stage package and flows/.
+The top layer. Imports: bfcl, config, data, evaluation, fields, flows, models, rollout, runtime,
+servers, tracking, training.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 
 import typer
 
-from rcgrpo.cli import env, pipeline, plan, train
+from rcgrpo.cli import config, env, pipeline, plan, train
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -43,6 +45,7 @@ app.command("ui")(pipeline.ui)
 app.command("schedule")(pipeline.schedule)
 app.command("plan")(plan.plan)
 app.add_typer(env.app, name="env")
+app.add_typer(config.app, name="config")
 
 
 # "module:Class" of the error types whose message is the whole story for a user; looked up only

@@ -1,2 +1,3 @@
 """The dataset stage: expert and failed trajectories, quality labels, Great Expectations validation,
-and DVC versioning (publish, rollback). May import: rollout, models, chat, bfcl, runtime, config."""
+and DVC versioning (publish, rollback).
+Imports: bfcl, chat, config, fields, models, rollout, runtime."""

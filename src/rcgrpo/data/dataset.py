@@ -69,8 +69,8 @@ class DatasetConfig:
     )
     rollout_profile: str = setting(
         "",
-        'base policy rolled out: "" = the `model:` section as it is (the policy\'s own '
-        "failures); a profile name = that profile (engine and budgets: `rollout:`)",
+        'base policy rolled out: "" = the `model:` section (the policy\'s own failures); '
+        "a profile name = that profile",
     )
     rollout_share: float = ranged(
         0.5, "[0, 1]", "most of the failures taken from rollouts (the rest: perturbations)"

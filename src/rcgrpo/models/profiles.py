@@ -102,7 +102,7 @@ class ModelConfig:
     attention: Literal["auto", "sdpa", "flash_attention_2", "eager"] = setting(
         "auto",
         "auto: flash_attention_2 on CUDA in 16-bit when flash-attn is installed (packed rows), "
-        "else sdpa (rcgrpo.models.loading.attention_implementation)",
+        "else sdpa",
     )
     device: str = setting(
         "auto", "torch device; auto = cuda if available (cuda:LOCAL_RANK under torchrun), else cpu"

@@ -1,2 +1,3 @@
 """Serving rollouts: the token-in-token-out agent loop, the engines (transformers, vLLM server) and
-where rollouts run (this process or Ray workers). May import: models, chat, bfcl, runtime, config."""
+where rollouts run (this process or Ray workers).
+Imports: bfcl, chat, config, fields, models, runtime."""

@@ -42,7 +42,9 @@ class RolloutConfig:
         0, "[0, inf)", "per model message (0 = the model profile's budget)"
     )
     max_total_tokens: int = ranged(
-        0, "[0, inf)", "per episode: prompt + every turn (0 = the model profile's budget)"
+        0,
+        "[0, inf)",
+        "per episode: prompt + every turn (0 = the profile's: all 800 ground truths fit)",
     )
     max_steps: int = ranged(20, "[1, inf)", "model messages per turn (BFCL's step limit)")
     max_batch: int = ranged(64, "[1, inf)", "hf: most sequences in one batched generate call")

@@ -44,8 +44,8 @@ class ExecutionConfig:
     )
     address: str = setting(
         "local",
-        "local: a private cluster (0600 token); auto: RAY_ADDRESS or the `ray start` one, else "
-        "private (never one found in `ps`); or ray://host:10001 (rcgrpo.rollout.ray_cluster)",
+        "local: a private cluster; auto: RAY_ADDRESS or `ray start`'s, else private; "
+        "or ray://host:10001 (rcgrpo.rollout.ray_cluster)",
     )
     workers: int = ranged(2, "[1, inf)", "Ray actors, each with its own policy and engine")
     cpus_per_worker: float = ranged(1.0, "[0, inf)", "Ray CPUs reserved per worker")

@@ -58,8 +58,8 @@ class SFTConfig:
     max_tokens_per_micro_batch: int = ranged(
         0,
         "[0, inf)",
-        "tokens per forward pass: the batch's examples sorted by length and packed up to this "
-        "many (rcgrpo plan); 0 = micro_batch_size examples instead",
+        "tokens per forward pass, examples sorted by length and packed (sized by rcgrpo plan); "
+        "0 = by count",
     )
     epochs: int = ranged(5, "[1, inf)", "passes over the data (paper: 5 for RCTP-FT, 2 for SFT)")
     max_len: int = ranged(

@@ -1,2 +1,3 @@
 """RC-GRPO / GRPO: the algorithm as pure functions (core_algos) and the loop around it (config,
-rollouts, update, metrics, trainer, run). May import what training may."""
+rollouts, update, metrics, trainer, run).
+Imports: bfcl, chat, data, fields, models, rollout, training."""

@@ -42,9 +42,8 @@ class RLConfig:
     max_tokens_per_micro_batch: int = ranged(
         0,
         "[0, inf)",
-        "tokens per forward pass: rollouts sorted by length and packed up to this many "
-        "(rcgrpo.training.batching; `rcgrpo plan` gives the largest that fits a GPU); "
-        "0 = micro_batch_size rollouts instead",
+        "tokens per forward pass, rollouts sorted by length and packed (sized by rcgrpo plan); "
+        "0 = by count",
     )
     lr: float = ranged(1e-6, "(0, 1]", "AdamW learning rate (paper: 1e-6), constant after warmup")
     warmup_steps: int = ranged(0, "[0, inf)", "linear warmup, in RL steps (lr changes per step)")

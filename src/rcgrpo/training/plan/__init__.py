@@ -4,9 +4,9 @@ constants.py (every number not in the config, with its source), memory.py (what 
 term by term), timing.py (the RL step's rollouts simulated lock-step and async on a decode cost
 model; the update from FLOPs at a stated MFU), report.py (the plan of a config, its check and
 its text), episodes.json (the shapes of the 800 replayed ground truths,
-scripts/episode_shapes.py). Part of the training layer: may import training, data, rollout,
-models, chat, bfcl, runtime, config (it reads the stage configs and forms micro-batches as
-rcgrpo.training.batching does); heavy libraries are never imported (the command takes seconds).
+scripts/episode_shapes.py). Part of the training layer; it forms micro-batches as
+rcgrpo.training.batching does, and never imports a heavy library (the command takes seconds).
+Imports: models, training.
 
     rcgrpo plan --profile qwen2.5-7b-instruct --preset paper --gpus 8 --gpu-memory 80
     .venv/bin/pytest tests/test_plan.py -q
