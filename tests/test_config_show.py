@@ -114,3 +114,15 @@ def test_table_wraps_help_under_its_field():
     text = table("env", cfg, width=40)
     assert text.splitlines()[2].split() == ["tool_timeout_s", "5.0", "5.0", "(0,", "inf)"]
     assert all(len(line) <= 40 for line in text.splitlines()[3:5])
+
+
+def test_a_declaration_holds_when_a_config_is_made_in_code_too():
+    """@config_class checks every field as build does, so no __post_init__ repeats a rule."""
+    from rcgrpo.training.grpo.config import RLConfig
+
+    with pytest.raises(ValueError, match=r"^RLConfig.p_high=7.0: must be in \[0, 1\]$"):
+        RLConfig(p_high=7.0)
+    with pytest.raises(ValueError, match=r"^RLConfig.steps=0: must be in \[1, inf\)$"):
+        RLConfig(steps=0)
+    for section in SECTIONS:  # every default fits its own declaration
+        section_class(section)()

@@ -176,7 +176,7 @@ def test_rows_that_stop_early_leave_the_others_unchanged(policy, tasks):
 
 
 def test_config_rejects_unknown_engine():
-    with pytest.raises(ValueError, match="rollout.engine"):
+    with pytest.raises(ValueError, match="RolloutConfig.engine=sglang: must be one of hf, vllm"):
         RolloutConfig(engine="sglang")
 
 

@@ -96,7 +96,7 @@ def test_saved_policy_reloads_and_generates_the_same_ids(tmp_path, lora):
 
 
 def test_unknown_profile_and_missing_path_say_what_to_do(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown model profile 'gpt-9'.*tiny"):
+    with pytest.raises(ValueError, match=r"^ModelConfig.profile=gpt-9: must be one of tiny, "):
         ModelConfig(profile="gpt-9")
     with pytest.raises(FileNotFoundError, match=r"model.path .*nowhere.* does not exist"):
         load_policy(ModelConfig(path=str(tmp_path / "nowhere")))
@@ -148,7 +148,7 @@ def test_auto_device_and_dtype(monkeypatch):
         assert (gpu.device, gpu.dtype) == ("cuda:3", dtype), profile
     assert resolve(ModelConfig(device="cuda:1", profile="tiny")).device == "cuda:1"
     assert resolve(ModelConfig(device="cpu", profile="qwen2.5-7b-instruct")).dtype == "float32"
-    with pytest.raises(ValueError, match="not a torch dtype"):
+    with pytest.raises(ValueError, match="ModelConfig.dtype=float33: must be one of auto"):
         resolve(ModelConfig(dtype="float33"))
 
 

@@ -201,7 +201,9 @@ def test_server_layout_from_the_config():
         RolloutConfig(vllm_devices=("1",), tensor_parallel_size=2)
     with pytest.raises(ValueError, match="one server per device entry"):
         RolloutConfig(vllm_devices=("1", "2"), vllm_servers=3)
-    with pytest.raises(ValueError, match="rollout.scheduler"):
+    with pytest.raises(
+        ValueError, match="RolloutConfig.scheduler=continuous: must be one of async"
+    ):
         RolloutConfig(scheduler="continuous")
 
 

@@ -15,6 +15,7 @@ written from them by `rcgrpo config comments`):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -40,6 +41,24 @@ def setting(default, help: str):
         engine: Literal["hf", "vllm"] = setting("hf", "hf: transformers; vllm: a vLLM server")
     """
     return dataclasses.field(default=default, metadata={"help": help})
+
+
+def config_class(cls):
+    """`@dataclass(frozen=True)` for a params.yaml section whose fields are checked against their
+    declarations (type, choices, interval) whenever one is made, from params.yaml or in code;
+    the class's own `__post_init__` then checks the rules that span several fields."""
+    own = cls.__dict__.get("__post_init__")
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if why := field_problem(type(self), f.name, value):
+                raise ValueError(f"{type(self).__name__}.{f.name}={show(value)}: {why}")
+        if own is not None:
+            own(self)
+
+    cls.__post_init__ = __post_init__
+    return dataclasses.dataclass(frozen=True)(cls)
 
 
 def help_of(field: dataclasses.Field) -> str:
@@ -152,13 +171,19 @@ def show(value) -> str:
 
 def field_problem(cls, key: str, value) -> str | None:
     """Why `value` does not fit field `key` of dataclass `cls` ('must be in [0, 1]'), or None."""
-    f = {f.name: f for f in dataclasses.fields(cls)}[key]
-    hint = typing.get_type_hints(cls)[key]
+    f, hint = _declared(cls)[key]
     if not _type_ok(value, hint):
         return f"must be {describe(hint)}"
     if "range" in f.metadata and out_of_range(value, f.metadata["range"]):
         return f"must be in {f.metadata['range']}"
     return None
+
+
+@functools.cache
+def _declared(cls) -> dict[str, tuple[dataclasses.Field, object]]:
+    """field name -> (its dataclasses.Field, its resolved type), once per class."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls)}
 
 
 def coerce(value, hint):

@@ -34,15 +34,14 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from rcgrpo.bfcl.progress import IDLE, LAYOUT, OOM, TRUSTED, Failure
-from rcgrpo.fields import ranged
+from rcgrpo.fields import config_class, ranged
 
 
-@dataclass(frozen=True)
+@config_class
 class EnvConfig:
     """params.yaml `env:` — limits of one tool call (rcgrpo.bfcl.sandbox)."""
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
@@ -30,10 +30,10 @@ from rcgrpo.bfcl.tasks import CATEGORIES, Task, tasks_in
 from rcgrpo.chat.record import SPLITS, Trajectory, write_jsonl
 from rcgrpo.data.failures import RolloutReport
 from rcgrpo.data.perturbations import KINDS
-from rcgrpo.fields import ranged, setting
+from rcgrpo.fields import config_class, ranged, setting
 
 
-@dataclass(frozen=True)
+@config_class
 class DatasetConfig:
     """params.yaml `dataset:` section."""
 

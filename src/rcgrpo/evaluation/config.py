@@ -6,14 +6,13 @@ evaluation runs (rcgrpo.evaluation.evaluate runs it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from rcgrpo.bfcl.tasks import CATEGORIES
-from rcgrpo.fields import ranged, setting
+from rcgrpo.fields import config_class, ranged, setting
 
 
-@dataclass(frozen=True)
+@config_class
 class EvalConfig:
     """params.yaml `eval:` section."""
 

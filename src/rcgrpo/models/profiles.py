@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rcgrpo.fields import ranged, setting
+from rcgrpo.fields import config_class, ranged, setting
 
 LORA_TARGETS = {  # per architecture (config.model_type): attention + MLP projections
     "qwen2": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
@@ -72,7 +72,7 @@ PROFILES = {
 PROFILE_NAMES = tuple(PROFILES)  # the choices of model.profile
 
 
-@dataclass(frozen=True)
+@config_class
 class ModelConfig:
     """params.yaml `model:` section."""
 

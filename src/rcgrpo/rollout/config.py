@@ -19,14 +19,14 @@ servers sleep after each rollout call and wake at the next sync or rollout.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Literal
 
-from rcgrpo.fields import ranged, setting
+from rcgrpo.fields import config_class, ranged, setting
 from rcgrpo.rollout.agent_loop import Limits
 
 
-@dataclass(frozen=True)
+@config_class
 class RolloutConfig:
     """params.yaml `rollout:` section."""
 

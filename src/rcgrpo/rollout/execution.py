@@ -32,10 +32,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
-from rcgrpo.fields import ranged, setting
+from rcgrpo.fields import config_class, ranged, setting
 
 
-@dataclass(frozen=True)
+@config_class
 class ExecutionConfig:
     """params.yaml `execution:` section."""
 

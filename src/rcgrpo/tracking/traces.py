@@ -27,15 +27,14 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from rcgrpo.chat.record import HIGH, LOW
-from rcgrpo.fields import ranged, setting
+from rcgrpo.fields import config_class, ranged, setting
 
 GOALS = {HIGH: "high", LOW: "low", None: "none"}
 
 
-@dataclass(frozen=True)
+@config_class
 class TracesConfig:
     """params.yaml `traces:` section: which recorded episodes become MLflow traces."""
 

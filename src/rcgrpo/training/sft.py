@@ -28,20 +28,19 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import torch
 
 from rcgrpo.chat.record import HIGH, LOW, Trajectory
-from rcgrpo.fields import ranged, setting
+from rcgrpo.fields import config_class, ranged, setting
 from rcgrpo.training.forward import with_training_attention
 
 LogMetrics = Callable[[dict, int], None]
 
 
-@dataclass(frozen=True)
+@config_class
 class SFTConfig:
     """params.yaml `rctp:` and `sft:` sections."""
 

@@ -9,13 +9,12 @@ The paper's comparisons are one field away: `init` sft|rctp, `conditioning` none
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
-from rcgrpo.fields import ranged, setting
+from rcgrpo.fields import config_class, ranged, setting
 
 
-@dataclass(frozen=True)
+@config_class
 class RLConfig:
     """params.yaml `rl:` section."""
 
