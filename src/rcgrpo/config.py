@@ -1,10 +1,10 @@
 """Loading one `params.yaml` section into a stage's frozen config dataclass, checked in one place.
 
-Each stage defines its own dataclass next to its code (cleanrl style: one field per option, a
-one-line comment per field) and loads it with `load_section`. Every numeric field declares its
-interval beside its help (`ranged(0.5, "[0, 1]")`), a field with a few valid words is a
-`Literal`, and `build` checks names, types (list elements too), intervals and choices before
-anything starts. A bad value fails in one line that names the field and the rule:
+Each stage defines its own `@config_class` next to its code (cleanrl style: one field per option,
+its rule and help in its declaration: `ranged(0.5, "[0, 1]", "help")`, `setting("hf", "help")`,
+choices as a `Literal`; rcgrpo.fields) and loads it with `load_section`; `build` checks names,
+types (list elements too), intervals and choices before anything starts, and `rcgrpo config
+show` prints them. A bad value fails in one line that names the field and the rule:
 
     error: rl.p_high=7.0: must be in [0, 1]
     error: model.dtype=float99: must be one of float32, bfloat16, float16 (params.yaml presets.cpu)

@@ -3,10 +3,13 @@ list elements, its choices (`Literal`), and YAML as params.yaml means it (`1e-5`
 
 rcgrpo.config builds params.yaml sections with these. A stage declares each field once, its rule
 and its help together (`rcgrpo config show SECTION` prints them; params.yaml's comments are
-written from them by `rcgrpo config comments`):
+written from them by `rcgrpo config comments`); `@config_class` checks every field against its
+declaration whenever the dataclass is made, so `__post_init__` keeps only rules over several:
 
-    p_high: float = ranged(0.5, "[0, 1]", "P(<|high_reward|>) per rollout")
-    dtype: Literal["float32", "bfloat16"] = setting("float32", "torch dtype")  # choices: Literal
+    @config_class
+    class RLConfig:
+        p_high: float = ranged(0.5, "[0, 1]", "P(<|high_reward|>) per rollout")
+        dtype: Literal["float32", "bfloat16"] = setting("float32", "torch dtype")  # choices
 
     field_problem(RLConfig, "p_high", 7.0)   # -> "must be in [0, 1]"
     .venv/bin/pytest tests/test_settings.py -q
