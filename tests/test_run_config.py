@@ -118,3 +118,31 @@ def test_a_stage_runs_and_logs_to_mlflow_without_reading_params_yaml(
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"model", "run_config.json", "config.json"} <= artifacts
     assert RunConfig.load(tmp_path / "rctp" / "run_config.json") == rc
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_rcgrpo_run_takes_the_project_from_any_directory(tmp_path, how):
+    """`rcgrpo run --project DIR` (or RCGRPO_PROJECT=DIR) from another working dir reads DIR's
+    params.yaml: here a bad value there is the one-line error, naming DIR's file."""
+    import os
+    import subprocess
+    import sys
+
+    project, elsewhere = tmp_path / "proj", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "params.yaml").write_text('pipeline:\n  preset: ""\nrl:\n  p_high: 7\n')
+    args = ["--project", str(project)] if how == "option" else []
+    env = {**os.environ, **({"RCGRPO_PROJECT": str(project)} if how == "env" else {})}
+    out = subprocess.run(
+        [sys.executable, "-m", "rcgrpo.cli", "run", "--stages", "rl", *args],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip() == (
+        f"error: rl.p_high=7: must be in [0, 1] ({project / 'params.yaml'})"
+    ), out.stderr
