@@ -116,7 +116,7 @@ def worker(sets: list[str]) -> dict:
     start = time.perf_counter()
     import contextlib
 
-    from rcgrpo.cli.pipeline import _enter_project, _overrides
+    from rcgrpo.cli.pipeline import _enter_project, _resolve
     from rcgrpo.servers import prefect_for_flows
 
     _enter_project()
@@ -124,7 +124,7 @@ def worker(sets: list[str]) -> dict:
     t = time.perf_counter()
     prefect_api = prefect_for_flows(stack)
     server_start = time.perf_counter() - t
-    overrides = _overrides(sets)
+    rc = _resolve(sets, "", "", "", "", 1)  # as `rcgrpo run` resolves it
     t = time.perf_counter()
     import prefect  # noqa: F401
 
@@ -138,7 +138,7 @@ def worker(sets: list[str]) -> dict:
     from flows.pipeline import pipeline_flow
 
     t = time.perf_counter()
-    out = pipeline_flow(overrides)
+    out = pipeline_flow(rc)
     flow_s = time.perf_counter() - t
     total = time.perf_counter() - start
     cats = dict(prof.totals)

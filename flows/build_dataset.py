@@ -72,6 +72,7 @@ def generate_rollouts(
     tasks_by_split: dict,
     model_overrides: dict | None = None,
     rollout_overrides: dict | None = None,
+    rc=None,
 ) -> tuple[dict, dict | None]:
     """Failure source (a): base-policy rollouts of every split's tasks (one model load), screened
     by failures.refusal. Returns (split -> usable records, the manifest's rollouts summary or
@@ -96,10 +97,15 @@ def generate_rollouts(
             len(split_tasks), math.ceil(len(split_tasks) * cfg.low_per_high * cfg.rollout_share)
         )
         tasks += random.Random(f"{cfg.seed}:rollouts:{split}").sample(list(split_tasks), k)
-    model = rollout_model(cfg, model_overrides)  # a params.yaml typo fails, even under auto
-    rollout = load_section("rollout", RolloutConfig, overrides=rollout_overrides)
+    if rc is not None:  # a resolved run's sections (rcgrpo run)
+        model = rollout_model(cfg, model=rc.model)
+        rollout, execution = rc.rollout, rc.execution
+    else:  # a params.yaml typo fails, even under auto
+        model = rollout_model(cfg, model_overrides)
+        rollout = load_section("rollout", RolloutConfig, overrides=rollout_overrides)
+        execution = load_section("execution", ExecutionConfig)
     try:
-        with session(load_section("execution", ExecutionConfig)) as backend:
+        with session(execution) as backend:
             logger.info("rollouts on %s with rollout.engine=%s", backend.tags(), rollout.engine)
             report = rollout_failures(tasks, cfg.protocol, cfg.seed, model, rollout, backend)
     except EngineUnavailable as e:
@@ -230,10 +236,13 @@ def build_dataset_flow(
     overrides: dict | None = None,
     model_overrides: dict | None = None,
     rollout_overrides: dict | None = None,
+    rc=None,
 ) -> dict:
     """Build, validate and version the dataset; returns rev, md5, the files' counts and the
     rollouts summary.
 
+    rc: a resolved run (rcgrpo.run_config.RunConfig, from `rcgrpo run`): its model, rollout
+    and execution sections instead of params.yaml + the two override dicts.
     cfg: the `dataset:` config (default: params.yaml); overrides: fields replaced on top;
     model_overrides: on top of params.yaml `model:`, the policy rolled out by default;
     rollout_overrides: on top of params.yaml `rollout:` (engine, scheduler, budgets).
@@ -245,7 +254,7 @@ def build_dataset_flow(
         made[split] = generate_experts(cfg, split)
     tasks_by_split = {split: tasks for split, (tasks, _) in made.items()}
     rollouts, rollout_summary = generate_rollouts(
-        cfg, tasks_by_split, model_overrides, rollout_overrides
+        cfg, tasks_by_split, model_overrides, rollout_overrides, rc
     )
     for split, (tasks, report) in made.items():
         perturbed = generate_perturbations(cfg, split, tasks)

@@ -68,11 +68,28 @@ def serve(
     )
 
 
+def flow_parameters(given: dict) -> dict:
+    """{"stages", "sets", "variant", "preset", "register_name", "report_root"} (all optional) ->
+    pipeline_flow's parameters, the settings resolved now as `rcgrpo run` resolves them: a
+    scheduled run repeats what was resolved when it was served."""
+    from rcgrpo.config import read_params
+    from rcgrpo.run_config import resolve
+
+    given = dict(given)
+    params = read_params()
+    pp = params.get("pipeline") or {}
+    stages = given.pop("stages", pp.get("stages"))
+    preset = given.pop("preset", "") or pp.get("preset", "cpu")
+    variant = given.pop("variant", "") or pp.get("variant", "rctp+rc-grpo")
+    rc = resolve(params, preset, variant, given.pop("sets", None), stages)
+    return {"rc": rc.to_dict(), **given}
+
+
 if __name__ == "__main__":
-    # python flows/deploy.py [name] [cron] [parameters-json]
+    # python flows/deploy.py [name] [cron] [parameters-json (see flow_parameters)]
     args = sys.argv[1:]
     serve(
         args[0] if args else "nightly",
         args[1] if len(args) > 1 else NIGHTLY,
-        json.loads(args[2]) if len(args) > 2 else None,
+        flow_parameters(json.loads(args[2]) if len(args) > 2 else {}),
     )

@@ -7,35 +7,29 @@ checkers, every reward token) and logs all of it to MLflow with the flat `eval/.
 Every evaluation episode (params.yaml `traces:`) is also written as an MLflow trace of the run,
 tagged with its task, goal and reward (rcgrpo.tracking.traces); the flow returns their ids.
 
-    .venv/bin/python flows/evaluate.py outputs/rl/final '{"limit": 2}'
+It takes the run's resolved settings (rcgrpo.run_config.RunConfig); `eval_cfg` replaces its
+`eval:` section for one evaluation (the pipeline's RL-task evaluation before and after RL).
+
+    rcgrpo run --stages eval                       # through the pipeline
+    rcgrpo eval outputs/rl/final --set limit=2     # the same evaluation without Prefect/MLflow
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from rcgrpo.config import load_section
-from rcgrpo.runtime import apply_defaults, project_root
+from rcgrpo.run_config import RunConfig
+from rcgrpo.runtime import apply_defaults
 from rcgrpo.tracking import runs as tracking
 
 apply_defaults()
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
-
-
-def eval_config(overrides: dict | None = None, root: Path | None = None):
-    from rcgrpo.evaluation.config import EvalConfig
-
-    cfg = load_section("eval", EvalConfig, overrides=dict(overrides or {}))
-    out = Path(cfg.out_dir)
-    out = out if out.is_absolute() else Path(root or project_root()) / out
-    return dataclasses.replace(cfg, out_dir=str(out))
 
 
 def _fmt(a: dict | None) -> str:
@@ -71,10 +65,10 @@ def table_markdown(report: dict) -> str:
 
 @task(cache_policy=NO_CACHE)
 def score(
-    cfg, model_cfg, rollout_cfg, model_path: str, run_id: str, prefix: str, execution=None,
-    traces_cfg=None, name: str = "eval",
-) -> tuple[dict, list[dict]]:  # fmt: skip
+    cfg, rc: RunConfig, model_path: str, run_id: str, prefix: str, name: str = "eval"
+) -> tuple[dict, list[dict]]:
     """The evaluation report, and the episode traces written ({"trace_id", **tags} each)."""
+    from rcgrpo.bfcl import sandbox
     from rcgrpo.evaluation.evaluate import run_eval
 
     to_mlflow = tracking.metrics_logger(run_id)
@@ -82,18 +76,26 @@ def score(
     def log(metrics: dict, step: int) -> None:  # eval/x -> <prefix>/x
         to_mlflow({prefix + k.removeprefix("eval"): v for k, v in metrics.items()}, step)
 
-    from rcgrpo.rollout.execution import ExecutionConfig, session
+    from rcgrpo.rollout.execution import session
 
     tracer = hook = None
-    if traces_cfg is not None and traces_cfg.enabled and traces_cfg.eval_every:
+    if rc.traces.enabled and rc.traces.eval_every:
         from rcgrpo.tracking import traces
 
-        tracer = traces.EpisodeTracer(run_id, traces_cfg, {"variant": traces.run_variant(run_id)})
+        tracer = traces.EpisodeTracer(run_id, rc.traces, {"variant": traces.run_variant(run_id)})
         hook = traces.eval_hook(tracer, name)
-    with session(load_section("execution", ExecutionConfig, overrides=execution)) as backend:
+    sandbox.use(rc.env)  # the run's `env:` for this process's tool workers
+    with session(rc.execution) as backend:
         tracking.set_tags(run_id, backend.tags())  # the Ray job this stage's rollouts ran as
-        report = run_eval(cfg, model_cfg, model_path, rollout_cfg, log_metrics=log,
-                          backend=backend, on_rollouts=hook)  # fmt: skip
+        report = run_eval(
+            cfg,
+            rc.model,
+            model_path,
+            rc.rollout,
+            log_metrics=log,
+            backend=backend,
+            on_rollouts=hook,
+        )
     if tracer is None:
         return report, []
     tracking.log_metrics(run_id, tracer.metrics(), 0)
@@ -105,35 +107,29 @@ def log_outputs(run_id: str, out_dir: str) -> None:
     tracking.log_artifact(run_id, out_dir, "eval")
 
 
-@flow(name="rcgrpo-evaluate", log_prints=True)
+@flow(name="rcgrpo-evaluate", log_prints=True, validate_parameters=False)
 def evaluate_flow(
     model_path: str,
+    rc: RunConfig,
     parent_run_id: str | None = None,
-    overrides: dict | None = None,
-    model_overrides: dict | None = None,
-    rollout_overrides: dict | None = None,
     name: str = "eval",
     prefix: str = "eval",
-    trace_overrides: dict | None = None,
+    eval_cfg=None,
 ) -> dict:
-    """Evaluate `model_path`; {"run_id", "report" (path), "table" (path), "metrics", "traces"
-    (the episode traces: {"trace_id", **tags} each)}. Metric names start with `prefix`
-    (eval/..., or rl_tasks/before/... for the RL-task evaluations)."""
-    from flows.train import model_config, rollout_config, traces_config
+    """Evaluate `model_path` under `rc` (its `eval:` section, or `eval_cfg`); {"run_id",
+    "report" (path), "table" (path), "metrics", "traces" (the episode traces: {"trace_id",
+    **tags} each)}. Metric names start with `prefix` (eval/..., or rl_tasks/before/... for the
+    RL-task evaluations)."""
     from rcgrpo.evaluation.evaluate import flat_metrics, resolve_protocol
 
-    cfg = resolve_protocol(eval_config(overrides), model_path)
-    model_cfg = model_config(model_overrides)
-    rollout_cfg = rollout_config(rollout_overrides)
-    traces_cfg = traces_config(trace_overrides)
-    config = {"eval": dataclasses.asdict(cfg), "model": dataclasses.asdict(model_cfg),
-              "rollout": dataclasses.asdict(rollout_cfg), "model_path": model_path,
-              "traces": dataclasses.asdict(traces_cfg)}  # fmt: skip
-    with tracking.start_run(name, config=config, parent_run_id=parent_run_id,
-                            tags={"stage": "eval"}) as run:  # fmt: skip
+    cfg = resolve_protocol(eval_cfg or rc.eval, model_path)
+    config = {"eval": dataclasses.asdict(cfg), "model_path": model_path}
+    config |= {k: dataclasses.asdict(getattr(rc, k)) for k in ("model", "rollout", "traces")}
+    with tracking.start_run(
+        name, config=config, parent_run_id=parent_run_id, tags={"stage": "eval"}
+    ) as run:
         run_id = run.info.run_id
-        report, traces = score(cfg, model_cfg, rollout_cfg, model_path, run_id, prefix,
-                               traces_cfg=traces_cfg, name=name)  # fmt: skip
+        report, traces = score(cfg, rc, model_path, run_id, prefix, name=name)
         out = Path(cfg.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         report_path = out / "report.json"
@@ -144,9 +140,5 @@ def evaluate_flow(
         metrics = flat_metrics(report, prefix)  # run_eval wrote eval/... to metrics.json too
         log_outputs(run_id, str(out))
     print(table.read_text())
-    return {"run_id": run_id, "report": str(report_path), "table": str(table), "metrics": metrics,
-            "traces": traces}  # fmt: skip
-
-
-if __name__ == "__main__":
-    evaluate_flow(sys.argv[1], overrides=json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)
+    paths = {"report": str(report_path), "table": str(table)}
+    return {"run_id": run_id, **paths, "metrics": metrics, "traces": traces}

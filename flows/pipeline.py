@@ -9,30 +9,30 @@
       -> reports/<pipeline run id>/ (PNG plots + summary.md with links to the episode traces of
          one success and one failure per RL task, before and after RL), also logged to MLflow
 
-Stages pass paths and run ids, never tensors. `overrides` holds one dict per params.yaml
-section ({"rl": {"steps": 2}, "eval": {"limit": 1}, "model": {"profile": "tiny"}, ...}).
+Stages pass paths and run ids, never tensors. Every stage takes the run's settings as resolved
+once by `rcgrpo run` (rcgrpo.run_config.RunConfig: params.yaml, the preset, the `--set`s and the
+variant); nothing here reads params.yaml. The RunConfig is logged on the pipeline run as
+run_config.json (and written beside the report).
 
     rcgrpo run --set rl.steps=2 --set eval.limit=1          # the CLI front (rcgrpo.cli.pipeline)
-    .venv/bin/python flows/pipeline.py '{"rl": {"steps": 2}}'
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import sys
 from pathlib import Path
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.evaluate import eval_config, evaluate_flow
+from flows.evaluate import evaluate_flow
+from rcgrpo.run_config import RunConfig
 from rcgrpo.runtime import apply_defaults, project_root
 from rcgrpo.tracking import registry
 from rcgrpo.tracking import runs as tracking
 
 apply_defaults()
-
-STAGES = ("data", "finetune", "rl", "eval")
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
@@ -58,72 +58,73 @@ def write_and_log_report(run_id: str, out_dir: str, info: dict, rl_run: str | No
     return str(summary)
 
 
-@flow(name="rcgrpo-pipeline", log_prints=True)
+@flow(name="rcgrpo-pipeline", log_prints=True, validate_parameters=False)
 def pipeline_flow(
-    overrides: dict[str, dict] | None = None,
-    stages: list[str] | None = None,
-    variant: str | None = None,
-    register_name: str = "rcgrpo",
-    report_root: str = "reports",
-    preset: str | None = None,
+    rc: RunConfig | dict, register_name: str = "rcgrpo", report_root: str = "reports"
 ) -> dict:
-    """Run `stages` (default: params.yaml pipeline.stages, else all of STAGES) in order, for one
-    of the paper's four recipes (`variant`, rcgrpo.evaluation.variants), with one of params.yaml's
-    `presets` on top of the stage sections (default pipeline.variant / pipeline.preset);
-    returns paths, run ids, the model version."""
+    """Run rc.plan.stages in order, for one of the paper's four recipes (rc.plan.variant,
+    rcgrpo.evaluation.variants); returns paths, run ids, the model version. `rc` may be its
+    JSON form (RunConfig.to_dict: a scheduled run's parameter)."""
     from flows.build_dataset import build_dataset_flow
     from flows.train import train_flow
+    from rcgrpo.evaluation.variants import get_variant
 
-    plan = plan_run(overrides, stages, variant, preset)
-    ov, stages, v, preset, config = (plan[k] for k in ("ov", "stages", "variant", "preset",
-                                                      "config"))  # fmt: skip
-    out: dict = {"stages": stages, "variant": v.name, "preset": preset}
-    with tracking.start_run("pipeline", config=config,
-                            tags={"stage": "pipeline", "variant": v.name}) as run:  # fmt: skip
+    rc = rc if isinstance(rc, RunConfig) else RunConfig.from_dict(rc, "pipeline_flow(rc=...)")
+    stages, v, preset = rc.plan.stages, get_variant(rc.plan.variant), rc.plan.preset
+    out: dict = {"stages": list(stages), "variant": v.name, "preset": preset}
+    config = rc.to_dict()
+    with tracking.start_run(
+        "pipeline", config=config, tags={"stage": "pipeline", "variant": v.name}
+    ) as run:
         pid = run.info.run_id
         out["run_id"] = pid
+        report_dir = Path(report_root)
+        report_dir = report_dir if report_dir.is_absolute() else project_root() / report_dir
+        log_run_config(pid, rc, str(report_dir / pid))
         if "data" in stages:
-            built = build_dataset_flow(overrides=ov.get("dataset", {}),  # a subflow
-                                       model_overrides=ov.get("model"),
-                                       rollout_overrides=ov.get("rollout"))  # fmt: skip
+            built = build_dataset_flow(rc.dataset, rc=rc)  # a subflow
             out["data"] = {k: built.get(k) for k in ("rev", "md5", "counts") if k in built}
             tracking.log_metrics(pid, _counts(built.get("counts") or {}), 0)
         # the data version as it is now (after the build), on the pipeline run itself
         dv = tracking.data_version()
-        tracking.set_tags(pid, {f"data.{k}": val for k, val in dv.items()}
-                          | {"data.version": f"{dv['rev'][:12]}:{dv['md5']}"})  # fmt: skip
-        out["data_version"] = f"{dv['rev'][:12]}:{dv['md5']}"
-        model_ov, rollout_ov = ov.get("model"), ov.get("rollout")
+        version = f"{dv['rev'][:12]}:{dv['md5']}"
+        tracking.set_tags(
+            pid, {f"data.{k}": val for k, val in dv.items()} | {"data.version": version}
+        )
+        out["data_version"] = version
         ft = rl = ev = None
         rl_traces: dict = {}
         if "finetune" in stages:
-            ft = train_flow(v.init, pid, ov.get(v.init), model_ov)
+            ft = train_flow(v.init, rc, pid)
             out["finetune"] = {"run_id": ft["run_id"], "model_path": ft["model_path"]}
         if "rl" in stages:
-            rl_ov = dict(ov["rl"])
-            if ft:
-                rl_ov["init_path"] = ft["model_path"]
-            rl = train_flow("rl", pid, rl_ov, model_ov, rollout_ov, ov.get("traces"))
+            rl_rc = rc
+            if ft:  # RL starts from the model this run fine-tuned
+                rl_cfg = dataclasses.replace(rc.rl, init_path=ft["model_path"])
+                rl_rc = dataclasses.replace(rc, rl=rl_cfg)
+            rl = train_flow("rl", rl_rc, pid)
             out["rl"] = {"run_id": rl["run_id"], "model_path": rl["model_path"]}
         last = rl or ft
         if "eval" in stages and last:
-            out["rl_tasks"], rl_traces = evaluate_rl_tasks(pid, ov, ft, rl)
-            ev = evaluate_flow(last["model_path"], pid, ov.get("eval"), model_ov, rollout_ov,
-                               trace_overrides=ov.get("traces"))  # fmt: skip
+            out["rl_tasks"], rl_traces = evaluate_rl_tasks(pid, rc, ft, rl)
+            ev = evaluate_flow(last["model_path"], rc, pid)
             out["eval"] = {k: ev[k] for k in ("run_id", "report", "table")}
             tracking.log_metrics(pid, ev["metrics"], 0)
         if last:
             metrics = ev["metrics"] if ev else {}
             out["model_version"] = register(last["run_id"], register_name, last["config"], metrics)
             tracking.set_tags(pid, {"model_version": out["model_version"]})
-        report_dir = Path(report_root)
-        report_dir = report_dir if report_dir.is_absolute() else project_root() / report_dir
-        info = {"run_id": pid, "variant": v.name, "preset": preset,
-                "profile": (config.get("model") or {}).get("profile"),
-                "data_version": out["data_version"], "git_commit": run.data.tags.get("git.commit"),
-                "model_version": out.get("model_version"),
-                "mlflow_ui": "rcgrpo ui, then " + registry.run_url(pid),
-                "headline_goal": ov["eval"]["tokens"][0]}  # fmt: skip
+        info = {
+            "run_id": pid,
+            "variant": v.name,
+            "preset": preset,
+            "profile": rc.model.profile,
+            "data_version": out["data_version"],
+            "git_commit": run.data.tags.get("git.commit"),
+            "model_version": out.get("model_version"),
+            "mlflow_ui": "rcgrpo ui, then " + registry.run_url(pid),
+            "headline_goal": rc.eval.tokens[0],
+        }
         out["report"] = write_and_log_report(
             pid, str(report_dir / pid), info, rl and rl["run_id"], ft and ft["run_id"],
             ev and ev["report"], ev and ev["table"], out.get("rl_tasks") or {}, rl_traces,
@@ -132,84 +133,44 @@ def pipeline_flow(
     return out
 
 
-def evaluate_rl_tasks(pid: str, ov: dict, ft: dict | None, rl: dict | None) -> tuple[dict, dict]:
+@task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def log_run_config(run_id: str, rc: RunConfig, folder: str) -> None:
+    """run_config.json in the run's report folder and on its MLflow run (I/O: retried)."""
+    tracking.log_artifact(run_id, rc.write(Path(folder) / "run_config.json"))
+
+
+def evaluate_rl_tasks(
+    pid: str, rc: RunConfig, ft: dict | None, rl: dict | None
+) -> tuple[dict, dict]:
     """Greedy success on the tasks RL trained on, before RL (the fine-tuned model) and after:
     what RL itself changed. Logged on the pipeline run as rl_tasks/{before,after}/...; returns
     ({"before" | "after": report.json path}, {"before" | "after": the episode traces, each
     {"trace_id", "url", **tags}})."""
-    from flows.train import stage_config
-
-    rl_cfg = stage_config("rl", ov.get("rl"))
-    before = ft["model_path"] if ft else (rl_cfg.start_path if rl else None)
-    # the held-out evaluation's settings (goals, temperature, seeds), on the RL tasks instead
-    eval_ov = {**ov["eval"], "split": "train", "task_file": rl_cfg.tasks_from,
-               "other_protocol": False}  # fmt: skip
+    before = ft["model_path"] if ft else (rc.rl.init_path if rl else None)
     out, traces = {}, {}
     for when, model in (("before", before), ("after", rl and rl["model_path"])):
         if not model:
             continue
-        ev = evaluate_flow(model, pid, {**eval_ov, "out_dir": f"outputs/eval_rl_tasks/{when}"},
-                           ov.get("model"), ov.get("rollout"), name=f"eval_rl_tasks_{when}",
-                           prefix=f"rl_tasks/{when}", trace_overrides=ov.get("traces"))  # fmt: skip
+        # the held-out evaluation's settings (goals, temperature, seeds), on the RL tasks instead
+        eval_cfg = dataclasses.replace(
+            rc.eval,
+            split="train",
+            task_file=rc.rl.tasks_from,
+            other_protocol=False,
+            out_dir=str(project_root() / f"outputs/eval_rl_tasks/{when}"),
+        )
+        ev = evaluate_flow(
+            model,
+            rc,
+            pid,
+            name=f"eval_rl_tasks_{when}",
+            prefix=f"rl_tasks/{when}",
+            eval_cfg=eval_cfg,
+        )
         tracking.log_metrics(pid, ev["metrics"], 0)
         out[when] = ev["report"]
         traces[when] = [{**t, "url": registry.trace_url(pid, t["trace_id"])} for t in ev["traces"]]
     return out, traces
-
-
-def plan_run(overrides=None, stages=None, variant=None, preset=None) -> dict:
-    """What a pipeline run will do, checked before any run is opened: {"ov": the overrides per
-    section (preset, then `overrides`, then the variant's RL fields and eval goals), "stages",
-    "variant" (rcgrpo.evaluation.variants.Variant), "preset", "config" (every section as it will run)}."""
-    from rcgrpo.config import check_params, read_params
-    from rcgrpo.evaluation.variants import get_variant
-
-    params = read_params()
-    # params.yaml `pipeline:` holds what the main command runs by default (the stages, the
-    # variant, the preset); `overrides` given here win over the preset, section by section.
-    pp = params.get("pipeline") or {}
-    preset = preset or pp.get("preset", "cpu")
-    presets = params.get("presets") or {}
-    if preset not in presets:
-        raise ValueError(f"preset {preset!r} is not in params.yaml presets: {sorted(presets)}")
-    check_params(preset=preset)  # every section of params.yaml, then with the preset on top
-    base, given = presets[preset] or {}, overrides or {}
-    ov = {k: {**(base.get(k) or {}), **(given.get(k) or {})} for k in {*base, *given}}
-    stages = list(pp.get("stages", STAGES) if stages is None else stages)
-    v = get_variant(variant or pp.get("variant", "rctp+rc-grpo"))
-    if unknown := sorted(set(stages) - set(STAGES)):
-        raise ValueError(f"unknown stages {unknown}: expected a subset of {STAGES}")
-    ov["rl"] = {**ov.get("rl", {}), **v.rl_overrides()}
-    ov["eval"] = {"tokens": list(v.eval_tokens), **ov.get("eval", {})}
-    check_configs(ov, stages, v.init)  # a typo fails here, before any run is opened
-    config = {k: {**(params.get(k) or {}), **ov.get(k, {})} if isinstance(params.get(k), dict)
-              else params.get(k) for k in params if k not in ("pipeline", "presets")}  # fmt: skip
-    config["pipeline"] = {"stages": stages, "variant": v.name, "preset": preset, "overrides": ov}
-    return {"ov": ov, "stages": stages, "variant": v, "preset": preset, "config": config}
-
-
-def check_configs(ov: dict, stages: list[str], init: str) -> None:
-    """Build every stage's config from params.yaml + overrides (raises ConfigError on a typo),
-    and refuse a data_dir that is not the tracked data folder (VersioningError), in a second."""
-    from flows.train import model_config, rollout_config, stage_config, traces_config
-    from rcgrpo.config import load_section, section_class
-    from rcgrpo.data.dataset import load_config
-    from rcgrpo.data.versioning import check_data_dir
-
-    model_config(ov.get("model"))
-    rollout_config(ov.get("rollout"))
-    traces_config(ov.get("traces"))
-    for name in ("env", "execution"):  # read deep inside (tool workers, Ray actors): check now
-        load_section(name, section_class(name), overrides=ov.get(name))
-    if "data" in stages:
-        dataset = load_config(ov.get("dataset"))
-        check_data_dir(dataset.project, dataset.data_dir, dataset.remote)
-    if "finetune" in stages:
-        stage_config(init, ov.get(init))
-    if "rl" in stages:
-        stage_config("rl", ov.get("rl"))
-    if "eval" in stages:
-        eval_config(ov.get("eval"))
 
 
 def _counts(counts: dict, prefix: str = "data") -> dict:
@@ -221,7 +182,3 @@ def _counts(counts: dict, prefix: str = "data") -> dict:
         elif isinstance(value, int | float):
             flat[f"{prefix}/{key}"] = value
     return flat
-
-
-if __name__ == "__main__":
-    pipeline_flow(json.loads(sys.argv[1]) if len(sys.argv) > 1 else None)

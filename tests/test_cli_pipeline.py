@@ -71,27 +71,22 @@ def test_a_bad_set_fails_at_once_in_one_line_naming_it(args, says):
 
 def test_a_typo_in_an_override_fails_before_any_run_is_opened():
     from rcgrpo.config import ConfigError
-    from rcgrpo.runtime import project_root
+    from rcgrpo.run_config import resolve
 
-    if str(project_root()) not in sys.path:
-        sys.path.insert(0, str(project_root()))
-    from flows.pipeline import check_configs
-
-    check_configs({"rl": {"steps": 2}, "eval": {"limit": 1}}, ["finetune", "rl", "eval"], "rctp")
+    resolve(None, "cpu", "rctp+rc-grpo", {"rl": {"steps": 2}, "eval": {"limit": 1}})
     with pytest.raises(ConfigError, match="bogus"):
-        check_configs({"rl": {"bogus": 1}}, ["rl"], "rctp")
+        resolve(None, "cpu", "", {"rl": {"bogus": 1}})
+    with pytest.raises(ConfigError, match=r"rl: .*\(--set rl.micro_batch_size=7\)$"):
+        resolve(None, "", "", {"rl": {"micro_batch_size": 7}})  # a rule over several fields
 
 
 def _plan(**kw):
-    from rcgrpo.runtime import project_root
+    """The RunConfig `rcgrpo run` resolves (params.yaml `pipeline:` defaults, as the CLI fills)."""
+    from rcgrpo.cli.pipeline import _resolve
 
-    if str(project_root()) not in sys.path:
-        sys.path.insert(0, str(project_root()))
-    from flows.pipeline import plan_run
-    from flows.train import stage_config
-
-    plan = plan_run(**kw)
-    return plan, {s: stage_config(s, plan["ov"].get(s)) for s in ("rctp", "sft", "rl")}
+    args = {"sets": [], "stages": "", "variant": "", "preset": "", "profile": "", "procs": 1}
+    rc = _resolve(**{**args, **kw})
+    return rc, {s: getattr(rc, s) for s in ("rctp", "sft", "rl")}
 
 
 def test_paper_preset_is_the_papers_hyperparameters():
@@ -104,13 +99,13 @@ def test_paper_preset_is_the_papers_hyperparameters():
         1e-6, 5, 0.1, 0.2, 0.5, 400,
     )  # fmt: skip
     assert rl.tasks_per_step == 256 and rl.mini_batch_size == 320  # 4 PPO updates per step
-    assert plan["preset"] == "paper" and plan["config"]["rl"]["lr"] == 1e-6
+    assert plan.plan.preset == "paper" and plan.to_dict()["rl"]["lr"] == 1e-6
 
 
 def test_cpu_preset_is_the_default_and_a_bad_preset_names_the_known_ones():
     plan, cfg = _plan()
-    assert plan["preset"] == "cpu" and cfg["rl"].lr > 1e-6  # a 1M model needs a larger step
-    assert plan["ov"]["dataset"]["train_max_calls"] == 3
+    assert plan.plan.preset == "cpu" and cfg["rl"].lr > 1e-6  # a 1M model needs a larger step
+    assert plan.dataset.train_max_calls == 3
     with pytest.raises(
         ValueError, match=r"'gpu' is not in params.yaml presets: \['cpu', 'paper'\]"
     ):
@@ -130,4 +125,4 @@ def test_variants_are_the_papers_baselines(variant, init, conditioning, p_high, 
     plan, cfg = _plan(variant=variant)
     rl = cfg["rl"]
     assert (rl.init, rl.conditioning, rl.p_high) == (init, conditioning, p_high)
-    assert plan["ov"]["eval"]["tokens"] == tokens and plan["variant"].name == variant
+    assert list(plan.eval.tokens) == tokens and plan.plan.variant == variant

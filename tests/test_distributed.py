@@ -140,13 +140,13 @@ def test_pipeline_stages_on_two_ranks(prefect_server, mlflow_store, tmp_path, mo
     model. RCTP-FT's losses equal one process's; then RC-GRPO from it on the same tasks."""
     from mlflow.tracking import MlflowClient
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `flows` is at the repo root
-    from flows.train import PROCS_ENV, train_flow
+    from flows.train import train_flow
     from rcgrpo.bfcl.tasks import tasks_in
     from rcgrpo.chat.record import write_jsonl
     from rcgrpo.data.experts import expert
     from rcgrpo.data.perturbations import perturbations
     from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.run_config import resolve
     from rcgrpo.training.sft import SFTConfig, run_sft
 
     tasks = [t for t in tasks_in("train") if t.category == "base"][:2]
@@ -159,8 +159,8 @@ def test_pipeline_stages_on_two_ranks(prefect_server, mlflow_store, tmp_path, mo
     assert one.is_dir()
     last = json.loads((tmp_path / "one" / "metrics.json").read_text())  # its last step
 
-    monkeypatch.setenv(PROCS_ENV, "2")
-    ft = train_flow("rctp", None, {**sft, "out_dir": str(tmp_path / "two")}, model)
+    two = {"rctp": {**sft, "out_dir": str(tmp_path / "two")}, "model": model}
+    ft = train_flow("rctp", resolve(None, sets=two, stages=["finetune"], procs=2))
     client = MlflowClient()
     losses = client.get_metric_history(ft["run_id"], "sft/loss")
     assert [m.step for m in losses] == [1, 2]  # 2 optimizer steps, logged once each (rank 0)
@@ -171,7 +171,8 @@ def test_pipeline_stages_on_two_ranks(prefect_server, mlflow_store, tmp_path, mo
           "steps": 1, "tasks_per_step": 2, "group_size": 2, "mini_batch_size": 0,
           "micro_batch_size": 1, "lr": 1e-4, "out_dir": str(tmp_path / "rl")}  # fmt: skip
     rollout = {"max_new_tokens": 12, "max_total_tokens": 1024, "max_steps": 2}
-    out = train_flow("rl", None, rl, model, rollout)
+    sets = {"rl": rl, "model": model, "rollout": rollout}
+    out = train_flow("rl", resolve(None, sets=sets, stages=["rl"], procs=2))
     assert Path(out["model_path"], "rcgrpo_policy.json").exists()
     rewards = client.get_metric_history(out["run_id"], "reward/mean")
     assert [m.step for m in rewards] == [1]

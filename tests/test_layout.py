@@ -37,7 +37,7 @@ LAYERS = [
     ("rcgrpo.data",),
     ("rcgrpo.training",),
     ("rcgrpo.evaluation",),
-    ("rcgrpo.tracking",),
+    ("rcgrpo.tracking", "rcgrpo.run_config"),
     ("flows",),
     ("rcgrpo.cli",),
 ]

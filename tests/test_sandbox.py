@@ -251,25 +251,24 @@ CHILD = f"""
 import json, time
 from rcgrpo.bfcl.environment import Episode
 from rcgrpo.bfcl.tasks import get_task
-from rcgrpo.config import export_process_sets, parse_sets
-export_process_sets(parse_sets(["env.tool_timeout_s=0.5", "execution.workers=3"], sectioned=True))
-from rcgrpo.config import load_section
-from rcgrpo.rollout.execution import ExecutionConfig
+from rcgrpo.bfcl import sandbox
+from rcgrpo.config import parse_sets
+from rcgrpo.run_config import resolve
+rc = resolve(None, sets=parse_sets(["env.tool_timeout_s=0.5", "execution.workers=3"], True))
+sandbox.use(rc.env)  # what the stage entry (rcgrpo.tracking.stage.run_stage) does first
 start = time.monotonic()
 step = Episode(get_task("{MATH}")).step("{POWER}")  # its tool worker is a child of this one
-print(json.dumps([step.observations[0], time.monotonic() - start,
-                  load_section("execution", ExecutionConfig).workers]))
+print(json.dumps([step.observations[0], time.monotonic() - start, rc.execution.workers]))
 """
 
 
 def test_set_env_reaches_the_tool_worker_and_bad_values_fail_at_once():
-    """`rcgrpo run --set env.tool_timeout_s=0.5`: the CLI checks the pair, exports it, and the
-    tool worker a child process starts kills `power` after 0.5 s, not params.yaml's 5 s."""
+    """`rcgrpo run --set env.tool_timeout_s=0.5`: the CLI checks the pair, the run's resolved
+    `env:` is handed to the sandbox, and the tool worker it starts kills `power` after 0.5 s,
+    not params.yaml's 5 s."""
     from rcgrpo.config import ConfigError, parse_sets
 
-    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                         timeout=120, env={k: v for k, v in os.environ.items()
-                                           if k != "RCGRPO_PROCESS_SETS"})  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     observation, seconds, workers = json.loads(out.stdout.strip().splitlines()[-1])
     assert observation == "Error during execution: timed out after 0.5s"

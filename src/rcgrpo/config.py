@@ -78,46 +78,12 @@ def build(cls, values: dict, section: str, source: str = ""):
 
 
 def load_section(section: str, cls, path: Path | None = None, overrides: dict | None = None):
-    """The dataclass for `section` of params.yaml, with `overrides` applied on top (and, for a
-    process-wide section, the `--set`s the CLI exported: see `export_process_sets`)."""
+    """The dataclass for `section` of params.yaml, with `overrides` applied on top (a whole
+    run's sections are resolved together by rcgrpo.run_config.resolve)."""
     params = read_params(path)
     values = dict(params.get(section) or {})
-    if section in PROCESS_SECTIONS:
-        values.update(_exported().get(section, {}))
     values.update(overrides or {})
     return build(cls, values, section, str(path or params_path()))
-
-
-# Sections read deep inside, in whatever process does the work (a tool worker, a Ray actor, a
-# Prefect task), not passed down as flow parameters: the CLI exports their `--set`s in this
-# environment variable, which every child process inherits.
-PROCESS_SECTIONS = ("env", "execution")
-PROCESS_SETS_ENV = "RCGRPO_PROCESS_SETS"
-
-
-def export_process_sets(overrides: dict) -> None:
-    """Make the `--set env.* / execution.*` of this command hold in this process and in every
-    process it starts (call before any of them starts: the tool worker reads them once)."""
-    import json
-    import os
-
-    chosen = {k: overrides[k] for k in PROCESS_SECTIONS if overrides.get(k)}
-    if chosen:
-        os.environ[PROCESS_SETS_ENV] = json.dumps(chosen)
-
-
-def _exported() -> dict:
-    import json
-    import os
-
-    raw = os.environ.get(PROCESS_SETS_ENV, "")
-    try:
-        value = json.loads(raw) if raw else {}
-    except json.JSONDecodeError:
-        value = None
-    if not isinstance(value, dict):
-        raise ConfigError(f"${PROCESS_SETS_ENV} is not a JSON object of sections: {raw[:80]!r}")
-    return value
 
 
 # params.yaml section -> its dataclass ("module:Class", imported only when a --set names it)
@@ -178,7 +144,6 @@ def parse_sets(
     `rl.p_high=7.0: must be in [0, 1]`. together: also check the rules over several fields (a
     __post_init__) on params.yaml's section; off where a preset comes in between (`rcgrpo run`
     checks the section as it will run, preset included: flows.pipeline.plan_run)."""
-    params = read_params(path)
     out: dict = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
@@ -205,6 +170,7 @@ def parse_sets(
         if why := field_problem(cls, key, value):
             raise ConfigError(f"{name}.{key}={raw.strip()}: {why}")
         out.setdefault(name, {})[key] = value
+    params = read_params(path) if together and out else {}
     for name, values in out.items() if together else ():  # the fields together (__post_init__)
         base = dict(params.get(name) or {})
         sets = " ".join(f"--set {name}.{k}={show(v)}" for k, v in values.items())

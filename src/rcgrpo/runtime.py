@@ -45,8 +45,14 @@ def apply_defaults() -> None:
     os.environ.setdefault("BFCL_PROJECT_ROOT", str(project_root() / "cache" / "bfcl"))
 
 
+PROJECT_ENV = "RCGRPO_PROJECT"  # the checkout to use, for an installed `rcgrpo` run anywhere
+
+
 def project_root() -> Path:
-    """The checkout this package runs from (where params.yaml lives), else the working dir."""
+    """$RCGRPO_PROJECT (`rcgrpo run --project DIR` sets it), else the checkout this package runs
+    from (where params.yaml lives), else the working dir."""
+    if chosen := os.environ.get(PROJECT_ENV):
+        return Path(chosen).resolve()
     here = Path(__file__).resolve()
     for parent in here.parents:
         if (parent / "params.yaml").exists() and (parent / "pyproject.toml").exists():

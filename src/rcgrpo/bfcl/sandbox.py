@@ -239,9 +239,22 @@ def _close_all() -> None:
         sandbox.close()
 
 
-@functools.cache
+_chosen: list[EnvConfig] = []  # the run's `env:` section, set once by the stage's entry
+
+
+def use(cfg: EnvConfig) -> None:
+    """Make `cfg` (a resolved run's `env:`) what this process's tool workers run under; call
+    before the first sandbox starts (each thread keeps the one it started)."""
+    _chosen[:] = [cfg]
+
+
 def configured() -> EnvConfig:
-    """params.yaml `env:` of the checkout (the dataclass defaults where there is none)."""
+    """The run's `env:` (`use`), else params.yaml `env:` of the checkout, else the defaults."""
+    return _chosen[0] if _chosen else _from_params()
+
+
+@functools.cache
+def _from_params() -> EnvConfig:
     from rcgrpo.config import ConfigError, load_section
 
     try:

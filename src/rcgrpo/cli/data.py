@@ -44,12 +44,6 @@ def build(
 
     # never another folder, nor a push into src/: before anything starts
     check_data_dir(cfg.project, cfg.data_dir, cfg.remote)
-    import sys
-
-    from rcgrpo.runtime import project_root
-
-    if str(project_root()) not in sys.path:  # `flows` lives at the checkout root, not in src/
-        sys.path.insert(0, str(project_root()))
     import contextlib
 
     from flows.build_dataset import build_dataset_flow  # prefect: heavy import

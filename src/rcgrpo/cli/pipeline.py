@@ -10,13 +10,18 @@
 `--set section.key=value` (YAML value) overrides one params.yaml field for this run only. prefect,
 mlflow and torch are imported inside the commands, so `rcgrpo --help` stays fast.
 
+The run's settings are resolved once (rcgrpo.run_config.resolve: params.yaml, --preset, --set,
+--variant), checked before anything heavy starts, written as run_config.json beside the report and
+passed down to every stage; nothing below reads params.yaml again. It works from any directory:
+`--project DIR` (or $RCGRPO_PROJECT) names the checkout, else the one the package runs from.
+
 The multi-GPU form: `--procs N` runs each training stage (fine-tuning, RL) on N processes, one
-per GPU, started with torchrun by the stage's Prefect task (flows/train.py `launch`); the data
+per GPU, started with torchrun by the stage (rcgrpo.tracking.stage `launch`); the data
 stage, the evaluation and the MLflow/Prefect bookkeeping stay in this one process. Each rank
 binds cuda:LOCAL_RANK, rolls out its share of the RL groups on its own engine (its own vLLM
 server on its GPU with rollout.engine=vllm) and trains its share of every micro-batch list
-(rcgrpo.training.distributed). `torchrun --nproc_per_node N -m rcgrpo.cli train STAGE` (or
-`accelerate launch`) runs one stage the same way outside the pipeline.
+(rcgrpo.training.distributed). `rcgrpo train STAGE --procs N` runs one stage the same way
+outside the pipeline.
 """
 
 from __future__ import annotations
@@ -32,24 +37,26 @@ import typer
 SET_HELP = "override a params.yaml field, section.key=value (repeatable), e.g. rl.steps=2"
 
 
+PROJECT_HELP = "the rcgrpo checkout to run (default: $RCGRPO_PROJECT, else the package's own)"
+
+
 def _overrides(pairs: list[str]) -> dict[str, dict]:
     """["rl.steps=2", "eval.tokens=[high]"] -> {"rl": {"steps": 2}, "eval": {"tokens": ["high"]}},
     every pair checked against its section (rcgrpo.config.parse_sets: raises ConfigError)."""
     from rcgrpo.config import parse_sets
 
-    return parse_sets(pairs, sectioned=True, together=False)  # plan_run: with the preset
+    return parse_sets(pairs, sectioned=True, together=False)  # resolve: with the preset
 
 
-def _enter_project() -> str:
-    """Work from the project root (params.yaml paths are relative) with `flows` importable."""
-    from rcgrpo.runtime import apply_defaults, project_root
+def _enter_project(project: str = "") -> str:
+    """Use the project `project` (else $RCGRPO_PROJECT, else the package's checkout): its
+    params.yaml, MLflow store and data; the working dir stays where the user is."""
+    from rcgrpo.runtime import PROJECT_ENV, apply_defaults, project_root
 
+    if project:
+        os.environ[PROJECT_ENV] = str(os.path.abspath(project))
     apply_defaults()
-    root = str(project_root())
-    os.chdir(root)
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    return root
+    return str(project_root())
 
 
 def run(
@@ -72,32 +79,20 @@ def run(
     procs: int = typer.Option(
         1, help="processes per training stage, one per GPU, started with torchrun (1 = this one)"
     ),
+    project: str = typer.Option("", help=PROJECT_HELP),
 ) -> None:
     """Run the whole pipeline; prints where the results and the UIs are."""
-    _enter_project()
-    overrides = _overrides([*set_, *([f"model.profile={profile}"] if profile else [])])
-    chosen = [s.strip() for s in stages.split(",") if s.strip()] or None
-    _data_dir_first(overrides, chosen, preset)  # before prefect, mlflow, torch are imported
-    _export_procs(procs)
-    from flows.pipeline import pipeline_flow, plan_run
-    from rcgrpo.config import ConfigError, export_process_sets
-
-    export_process_sets(overrides)  # env.* / execution.*: read by tool workers and Ray actors
-
-    try:  # every section as it will run, checked before a Prefect server or MLflow run starts
-        plan_run(overrides, chosen, variant or None, preset or None)
-    except ConfigError:
-        raise
-    except ValueError as e:  # an unknown preset, variant or stage
-        raise ConfigError(f"rcgrpo run: {e}") from None
+    _enter_project(project)
+    rc = _resolve(set_, stages, variant, preset, profile, procs)  # before prefect, mlflow, torch
+    from flows.pipeline import pipeline_flow
+    from rcgrpo.config import ConfigError
     from rcgrpo.servers import prefect_for_flows
 
     started = time.monotonic()
     with contextlib.ExitStack() as stack:  # a Prefect server of its own stops with the command
         api = prefect_for_flows(stack)
         try:
-            out = pipeline_flow(overrides, chosen, variant or None, register_name,
-                                preset=preset or None)  # fmt: skip
+            out = pipeline_flow(rc, register_name)
         except (ConfigError, ValueError) as e:
             typer.secho(f"rcgrpo run: {e}", fg="red", err=True)
             raise typer.Exit(2) from None
@@ -140,37 +135,40 @@ def _traces_url(out: dict) -> str:
     return registry.run_url(run, page="traces") if run else "-"
 
 
-def _export_procs(procs: int) -> None:
-    """Check --procs against the GPUs here and export it to the training stages' tasks."""
-    from flows.train import PROCS_ENV
-    from rcgrpo.config import ConfigError
+def _resolve(sets: list[str], stages: str, variant: str, preset: str, profile: str, procs: int):
+    """The run's RunConfig: params.yaml read once, the preset, --set and variant merged and every
+    section checked (rcgrpo.run_config.resolve), the data folder and --procs checked, all
+    before a Prefect server or MLflow run starts; a fault raises ConfigError in one line."""
+    from rcgrpo.config import ConfigError, read_params
+    from rcgrpo.run_config import resolve
 
+    params = read_params()
+    pp = params.get("pipeline") or {}  # what the main command runs by default
+    overrides = _overrides([*sets, *([f"model.profile={profile}"] if profile else [])])
+    chosen = [s.strip() for s in stages.split(",") if s.strip()] or pp.get("stages")
     if procs < 1:
         raise ConfigError(f"rcgrpo run --procs {procs}: must be >= 1")
+    preset = preset or pp.get("preset", "cpu")
+    variant = variant or pp.get("variant", "rctp+rc-grpo")
+    rc = resolve(params, preset, variant, overrides, chosen, procs)
+    if "data" in rc.plan.stages:  # never another folder, nor a push into src/
+        from rcgrpo.data.versioning import check_data_dir
+
+        check_data_dir(rc.dataset.project, rc.dataset.data_dir, rc.dataset.remote)
+    _check_procs(procs)
+    return rc
+
+
+def _check_procs(procs: int) -> None:
+    """--procs against the GPUs here (a CPU-only box runs the ranks over gloo: tests)."""
+    from rcgrpo.config import ConfigError
+
     if procs > 1:
         import torch
 
         gpus = torch.cuda.device_count()
-        if gpus and procs > gpus:  # a CPU-only box runs the ranks over gloo (tests)
+        if gpus and procs > gpus:
             raise ConfigError(f"rcgrpo run --procs {procs}: this machine has {gpus} GPUs")
-    os.environ[PROCS_ENV] = str(procs)
-
-
-def _data_dir_first(overrides: dict, stages: list[str] | None, preset: str) -> None:
-    """The data stage's folder and push target (params.yaml, the preset, --set), checked before
-    anything heavy is imported: a refusal in ~1 s, not after ~15 s of imports (plan_run checks
-    them again, with every other section)."""
-    from rcgrpo.config import read_params
-    from rcgrpo.data.dataset import load_config
-    from rcgrpo.data.versioning import check_data_dir
-
-    params = read_params()
-    pp = params.get("pipeline") or {}
-    if "data" not in (stages if stages is not None else pp.get("stages", ["data"])):
-        return
-    layer = (params.get("presets") or {}).get(preset or pp.get("preset", "cpu")) or {}
-    cfg = load_config({**(layer.get("dataset") or {}), **overrides.get("dataset", {})})
-    check_data_dir(cfg.project, cfg.data_dir, cfg.remote)
 
 
 def _before_after(reports: dict) -> str:
@@ -273,9 +271,11 @@ def schedule(
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     stages: str = typer.Option("", help="stages each scheduled run does (default: as rcgrpo run)"),
 ) -> None:
-    """Serve the pipeline with a cron schedule until Ctrl-C (needs a Prefect server: rcgrpo ui)."""
+    """Serve the pipeline with a cron schedule until Ctrl-C (needs a Prefect server: rcgrpo ui).
+    Each scheduled run uses the settings resolved now (serve again after editing params.yaml)."""
     _enter_project()
-    params: dict = {"overrides": _overrides(set_)}  # a bad --set fails before serving
+    rc = _resolve(set_, stages, "", "", "", 1)  # a bad --set fails before serving
+    params: dict = {"rc": rc.to_dict()}
     from rcgrpo.servers import prefect_api_running, use_prefect
 
     found = prefect_api_running()
@@ -284,8 +284,6 @@ def schedule(
         raise typer.Exit(1)
     from flows.deploy import serve
 
-    if stages:
-        params["stages"] = [s.strip() for s in stages.split(",") if s.strip()]
     api = found[0] if found else os.environ["PREFECT_API_URL"]
     typer.echo(f"serving rcgrpo-pipeline/{name} on {api} with cron {cron!r}; Ctrl-C stops")
     with use_prefect(*found) if found else contextlib.nullcontext():

@@ -1,13 +1,18 @@
 """`rcgrpo train|eval|compare`: fine-tune, run RC-GRPO / GRPO, evaluate, compare runs.
 
-Each command reads its params.yaml section (rctp / sft / rl / eval, plus model) and takes
-`--set key=value` overrides (YAML values: `--set epochs=1 --set tokens=[high,low]`). torch,
+`train` is the one way a stage runs (dvc.yaml, the pipeline's Prefect task and every torchrun
+rank): the run's settings resolved once (rcgrpo.run_config) from params.yaml + `--preset`,
+`--set`, `--variant`, or read back from a `--config run_config.json`, every step logged to MLflow
+(rcgrpo.tracking.stage). `eval` reads its params.yaml section with `--set key=value` overrides
+(YAML values: `--set epochs=1 --set tokens=[high,low]`). torch,
 transformers and matplotlib are imported inside the commands, so `rcgrpo --help` stays fast.
 
     rcgrpo train rctp                                   # RCTP-FT  -> outputs/rctp/final
     rcgrpo train sft                                    # plain SFT -> outputs/sft/final
     rcgrpo train rl --set init=sft --set conditioning=none --set out_dir=outputs/sft_grpo
     rcgrpo train rl --resume                            # continue from the last checkpoint
+    rcgrpo train rl --preset paper --variant sft+grpo --set rollout.engine=vllm --procs 8
+    rcgrpo train rl --config outputs/rl/run_config.json --mlflow-run RUN_ID   # a torchrun rank
     rcgrpo eval outputs/rl/final --set tokens=[high,low] --set seeds=[0,1,2]
     rcgrpo compare outputs/eval/sft_grpo outputs/eval/rctp_rcgrpo --png outputs/compare.png
 """
@@ -20,7 +25,7 @@ import typer
 
 app = typer.Typer(no_args_is_help=True, help="Fine-tune, train with RL, evaluate, compare.")
 
-SET_HELP = "override one field of the params.yaml section, key=value (repeatable)"
+SET_HELP = "override one field: key=value of the stage's own section, or section.key=value"
 
 
 def _section(name: str, cls, sets: list[str], params: Path | None):
@@ -40,40 +45,48 @@ def _model_cfg(params: Path | None, sets: list[str]):
 @app.command()
 def train(
     stage: str = typer.Argument(..., help="rctp | sft | rl"),
+    config: Path | None = typer.Option(
+        None,
+        help="a run_config.json (rcgrpo.run_config) instead of params.yaml + the options below",
+    ),
+    mlflow_run: str | None = typer.Option(
+        None, help="MLflow run id to log to (default: a run of its own, named after the stage)"
+    ),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     model_set: list[str] = typer.Option([], "--model-set", help="override a model: field"),
+    preset: str = typer.Option("", help="params.yaml presets.<name> on top (default: none)"),
+    variant: str = typer.Option("", help="a recipe's RL fields, e.g. sft+grpo (default: none)"),
+    procs: int = typer.Option(1, help="processes (GPUs), started with torchrun; 1 = this one"),
     resume: bool = typer.Option(False, help="continue from the last checkpoint in out_dir"),
     params: Path | None = typer.Option(None, help="params.yaml to read (default: the checkout's)"),
 ) -> None:
-    """Train one stage; metrics go to <out_dir>/metrics.jsonl (and MLflow via rcgrpo.tracking.runs)."""
-    if stage not in ("rctp", "sft", "rl"):
+    """Train one stage, logging every step to MLflow; the model goes to <out_dir>/final."""
+    from rcgrpo.config import ConfigError, parse_sets
+    from rcgrpo.run_config import TRAIN_STAGES, RunConfig, resolve
+
+    if stage not in TRAIN_STAGES:
         raise typer.BadParameter("stage must be rctp, sft or rl", param_hint="STAGE")
-    model_cfg = _model_cfg(params, model_set)
-    if stage in ("rctp", "sft"):
-        from rcgrpo.training.sft import SFTConfig, run_sft
-
-        cfg = _section(stage, SFTConfig, set_, params)
-        final = run_sft(cfg, model_cfg, log_metrics=_printer(), resume=resume)
+    if config is not None:
+        if set_ or model_set or preset or variant or params or procs != 1:
+            raise ConfigError(f"--config {config}: settings come from the file; drop the others")
+        rc = RunConfig.load(config)
     else:
-        from rcgrpo.rollout.config import RolloutConfig
-        from rcgrpo.training.grpo.config import RLConfig
-        from rcgrpo.training.grpo.run import run_rl
+        pairs = [_qualified(p, stage) for p in set_] + [f"model.{p}" for p in model_set]
+        sets = parse_sets(pairs, sectioned=True, path=params, together=False)
+        stages = ("finetune",) if stage != "rl" else ("rl",)
+        rc = resolve(params, preset, variant, sets, stages=stages, procs=procs)
+    from rcgrpo.tracking.stage import run_stage
 
-        cfg = _section("rl", RLConfig, set_, params)
-        rollout_cfg = _section("rollout", RolloutConfig, [], params)  # engine, temperature, limits
-        final = run_rl(cfg, model_cfg, rollout_cfg, log_metrics=_printer(), resume=resume)
+    final = run_stage(stage, rc, mlflow_run, resume=resume)
     typer.echo(f"saved {final}")
 
 
-def _printer():
-    """A log_metrics that prints a few headline numbers per step (MLflow is issue 6's)."""
-    keys = ("sft/loss", "reward/mean", "rollout/zero_variance_frac", "loss/kl", "perf/step_s")
+def _qualified(pair: str, stage: str) -> str:
+    """`steps=2` -> `rl.steps=2` (the stage's own section); `rollout.engine=hf` stays."""
+    from rcgrpo.config import SECTIONS
 
-    def log(metrics: dict, step: int) -> None:
-        shown = "  ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)
-        typer.echo(f"step {step}  {shown}")
-
-    return log
+    key = pair.partition("=")[0]
+    return pair if key.partition(".")[0].strip() in SECTIONS else f"{stage}.{pair}"
 
 
 @app.command("eval")

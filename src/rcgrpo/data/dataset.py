@@ -107,12 +107,12 @@ def load_config(overrides: dict | None = None, path: Path | None = None) -> Data
 
 
 def rollout_model(
-    cfg: DatasetConfig, model_overrides: dict | None = None, path: Path | None = None
+    cfg: DatasetConfig, model_overrides: dict | None = None, path: Path | None = None, model=None
 ):
     """The ModelConfig whose base policy `rollout_failures` rolls out (resolved at build time).
 
-    rollout_profile "" (or model.profile itself): params.yaml `model:` (file `path`, default the
-    checkout's) with `model_overrides` on top, unchanged. Another profile name: that profile with
+    rollout_profile "" (or model.profile itself): `model` (a resolved run's), else params.yaml
+    `model:` (file `path`, default the checkout's) with `model_overrides` on top, unchanged. Another profile name: that profile with
     model's seed, dtype and device, its own defaults otherwise (model.path belongs to model.profile).
     """
     from rcgrpo.config import load_section
@@ -120,7 +120,8 @@ def rollout_model(
         ModelConfig,  # light: transformers is imported inside its functions
     )
 
-    model = load_section("model", ModelConfig, path=path, overrides=model_overrides)
+    if model is None:
+        model = load_section("model", ModelConfig, path=path, overrides=model_overrides)
     if not cfg.rollout_profile or cfg.rollout_profile == model.profile:
         return model
     return ModelConfig(

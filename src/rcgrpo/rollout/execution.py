@@ -185,7 +185,11 @@ class ShardedEngine:
 class RolloutWorker:
     """A Ray actor: one policy + engine, built from a RolloutSpec; serves shards."""
 
-    def __init__(self, spec: RolloutSpec):
+    def __init__(self, spec: RolloutSpec, env=None):
+        if env is not None:  # the run's `env:` section, for this worker's tool sandboxes
+            from rcgrpo.bfcl import sandbox
+
+            sandbox.use(env)
         self.policy, self.engine = _load(spec)
         self.version, self.busy = 0, False
 
@@ -232,7 +236,10 @@ class Backend:
         opts = dict(num_cpus=cfg.cpus_per_worker, num_gpus=cfg.gpus_per_worker,
                     memory=int(cfg.memory_per_worker_gb * 2**30), max_restarts=cfg.max_retries,
                     max_task_retries=cfg.max_retries)  # fmt: skip
-        actors = [cls.options(**opts).remote(spec) for _ in range(cfg.workers)]
+        from rcgrpo.bfcl.sandbox import configured
+
+        env = configured()  # the run's `env:` travels with each actor, not in an env var
+        actors = [cls.options(**opts).remote(spec, env) for _ in range(cfg.workers)]
         self.actors += actors
         return ShardedEngine(actors=actors, group=group, shard_size=cfg.shard_size)
 
@@ -256,13 +263,10 @@ def session(cfg: ExecutionConfig | None = None):
     if cfg.backend == "local":
         yield Backend(cfg)
         return
-    from rcgrpo.config import PROCESS_SETS_ENV
     from rcgrpo.rollout.ray_cluster import connect
     from rcgrpo.runtime import DEFAULTS
 
-    env_vars = dict(DEFAULTS)  # and the CLI's --set env.* for the actors' tool workers
-    if PROCESS_SETS_ENV in os.environ:
-        env_vars[PROCESS_SETS_ENV] = os.environ[PROCESS_SETS_ENV]
+    env_vars = dict(DEFAULTS)  # telemetry off, offline hub: as in this process
     with connect(cfg, {"env_vars": env_vars}) as ray:  # which cluster: rollout/ray_cluster.py
         backend = Backend(cfg, ray)
         try:

@@ -1,0 +1,153 @@
+"""One training stage (rctp | sft | rl) from a resolved RunConfig, logged to MLflow: the body of
+`rcgrpo train STAGE`, the one way a stage runs. dvc.yaml runs that command, the pipeline's Prefect
+task calls `run_stage` (the same function, in its process), and with `--procs N` it starts N
+torchrun ranks that each run the command again with `--config <out_dir>/run_config.json`.
+
+Why the MLflow run is opened here when none is given: `dvc repro` and a bare `rcgrpo train` then
+leave the same run (name, params, metric names, model artifact) as the pipeline's stage, in the
+project's store (mlflow/, or MLFLOW_TRACKING_URI). Under torchrun only rank 0 logs and saves.
+
+    rcgrpo train rl                                      # params.yaml as it is, own MLflow run
+    rcgrpo train rl --config outputs/rl/run_config.json --mlflow-run <run id>
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+from rcgrpo.run_config import RunConfig, stage_section
+from rcgrpo.runtime import project_root
+from rcgrpo.tracking import runs as tracking
+
+HEADLINE = ("sft/loss", "reward/mean", "rollout/zero_variance_frac", "loss/kl", "perf/step_s")
+CONFIG_FILE = "run_config.json"
+
+
+def stage_config(rc: RunConfig, stage: str) -> dict:
+    """The sections a stage runs under, as its MLflow run records them (params, config.json)."""
+    names = [stage, "model"] + (["rollout", "traces", "execution", "env"] if stage == "rl" else [])
+    return {name: dataclasses.asdict(getattr(rc, name)) for name in names}
+
+
+def total_steps(stage: str, cfg) -> int | None:
+    """Optimizer steps the stage will take (for the step counter); None if unknown."""
+    if stage == "rl":
+        return cfg.steps
+    try:
+        rows = sum(1 for line in Path(cfg.data).read_text().splitlines() if line.strip())
+    except OSError:
+        return None
+    return cfg.epochs * -(-rows // cfg.batch_size)  # ceil: a last partial batch is a step
+
+
+def headline(stage: str, total: int | None, run_id: str | None):
+    """The stage's log_metrics: every step to MLflow (when `run_id`), and one line printed:
+    `rl step 3/10  reward/mean=0.5  ...` (the one printer of every route)."""
+    to_mlflow = tracking.metrics_logger(run_id) if run_id else None
+
+    def log(metrics: dict, step: int) -> None:
+        if to_mlflow is not None:
+            to_mlflow(metrics, step)
+        shown = "  ".join(f"{k}={metrics[k]:.4g}" for k in HEADLINE if k in metrics)
+        print(f"{stage} step {step}/{total or '?'}  {shown}", flush=True)
+
+    return log
+
+
+def run_stage(stage: str, rc: RunConfig, run_id: str | None = None, resume: bool = False) -> Path:
+    """Train `stage`; every step goes to MLflow run `run_id` (None: a run of its own named after
+    the stage, which also gets the model). On `rc.plan.procs` > 1 outside torchrun: launch."""
+    from rcgrpo.bfcl import sandbox
+    from rcgrpo.training import distributed
+
+    cfg = stage_section(rc, stage)
+    if rc.plan.procs > 1 and not distributed.launched():
+        return launch(stage, rc, run_id)
+    sandbox.use(rc.env)  # before any tool worker starts
+    if not distributed.is_main():
+        return _train(stage, rc, None, resume)
+    rc.write(Path(cfg.out_dir) / CONFIG_FILE)
+    if run_id is not None:
+        return _train(stage, rc, run_id, resume)
+    with tracking.start_run(stage, config=stage_config(rc, stage), tags={"stage": stage}) as run:
+        final = _train(stage, rc, run.info.run_id, resume)
+        log_outputs(run.info.run_id, final)
+    print(f"{stage}: model {final} (MLflow run {run.info.run_id})")
+    return final
+
+
+def _train(stage: str, rc: RunConfig, run_id: str | None, resume: bool) -> Path:
+    cfg = stage_section(rc, stage)
+    log = headline(stage, total_steps(stage, cfg), run_id)
+    if stage != "rl":
+        from rcgrpo.training.sft import run_sft
+
+        return Path(run_sft(cfg, rc.model, log_metrics=log, resume=resume))
+    from rcgrpo.rollout.execution import session
+    from rcgrpo.training.grpo.run import run_rl
+
+    tracer, hook = rl_tracer(run_id, rc) if run_id else (None, None)
+    with session(rc.execution) as backend:
+        if run_id:
+            tracking.set_tags(run_id, backend.tags())  # the Ray job of the rollouts
+        final = run_rl(
+            cfg,
+            rc.model,
+            rc.rollout,
+            log_metrics=log,
+            backend=backend,
+            on_rollouts=hook,
+            resume=resume,
+        )
+    if tracer is not None:
+        tracking.log_metrics(run_id, tracer.metrics(), cfg.steps)
+    return Path(final)
+
+
+def rl_tracer(run_id: str, rc: RunConfig):
+    """(EpisodeTracer, the Trainer's on_rollouts hook) for an RL run; (None, None) when traces
+    are off (params.yaml `traces:`)."""
+    from rcgrpo.tracking import traces
+
+    cfg = rc.traces
+    if not cfg.enabled or not cfg.rl_every:
+        return None, None
+    tracer = traces.EpisodeTracer(run_id, cfg, {"variant": traces.run_variant(run_id)})
+    return tracer, traces.rl_hook(tracer, rc.rl.steps, rc.rl.group_size)
+
+
+def log_outputs(run_id: str, model_path: str | Path) -> None:
+    """The model folder as the run's `model` artifact, plus the stage's metrics and config files."""
+    tracking.log_artifact(run_id, model_path, "model")
+    for name in ("metrics.json", "metrics.jsonl", "config.json", CONFIG_FILE):
+        if (Path(model_path).parent / name).exists():
+            tracking.log_artifact(run_id, Path(model_path).parent / name)
+
+
+def launch(stage: str, rc: RunConfig, run_id: str | None) -> Path:
+    """`rcgrpo train STAGE --config <out_dir>/run_config.json [--mlflow-run ID]` on
+    rc.plan.procs torchrun ranks (rank 0 logs and saves); the saved model's folder. A failed
+    rank fails the stage in one line (the ranks' output is above it)."""
+    cfg, procs = stage_section(rc, stage), rc.plan.procs
+    spec = rc.write(Path(cfg.out_dir) / CONFIG_FILE)
+    if run_id:
+        tracking.set_tags(run_id, {"train.procs": str(procs)})
+    if "torch" in sys.modules:  # the driver's cached GPU memory (a data-stage policy) back
+        import torch
+
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd = [*torchrun, "--nproc_per_node", str(procs), "-m", "rcgrpo.cli", "train", stage]
+    cmd += ["--config", str(spec), *(["--mlflow-run", run_id] if run_id else [])]
+    done = subprocess.run(cmd, cwd=project_root())
+    final = Path(cfg.out_dir) / "final"
+    if done.returncode != 0 or not final.is_dir():
+        raise RuntimeError(
+            f"{stage} on {procs} ranks (torchrun) failed with exit code {done.returncode}: "
+            "see the ranks' output above"
+        )
+    return final
