@@ -1,6 +1,7 @@
 """The parser reads both forms models write; results render exactly as bfcl-eval renders them."""
 
-from rcgrpo.bfcl.executor import Call, dispatch, format_result, parse_calls
+from rcgrpo.bfcl.dispatch import dispatch, format_result
+from rcgrpo.bfcl.executor import Call, parse_calls
 
 
 def names(text):

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from rcgrpo.bfcl.executor import parse_calls
+from rcgrpo.bfcl.executor import Call, parse_calls
 from rcgrpo.chat.prompts import Renderer
 from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.evaluation.evaluate import Outcome
@@ -19,13 +19,9 @@ from rcgrpo.evaluation.export import export_form, write_bfcl_results
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
 
-# JSON calls reach the trajectory as str(Call): a JSON argument key or name is free text, so
-# its python-call form would carry code into bfcl-eval's eval.
-INJECTED_KEY = str(
-    parse_calls(
-        '{"name": "ls", "arguments": {"a=__import__(\'os\').system(\'touch /tmp/pwned\'),b": 1}}'
-    ).calls[0]
-)
+# A stored call text may come from anywhere (an old record, another tool's file): the export
+# refuses one whose JSON key was printed as code, even though the parser no longer accepts it.
+INJECTED_KEY = str(Call("ls", (), {"a=__import__('os').system('touch /tmp/pwned'),b": 1}))
 HOSTILE = [
     INJECTED_KEY,
     "__import__('os').system('touch /tmp/pwned')",

@@ -32,7 +32,9 @@ import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rcgrpo.bfcl.executor import Call, Parsed, dispatch, parse_calls
+from rcgrpo.bfcl.dispatch import dispatch
+from rcgrpo.bfcl.executor import Call, Parsed, parse_calls
+from rcgrpo.bfcl.observations import valid_utf8
 from rcgrpo.bfcl.tasks import REVEAL_MESSAGE, Task
 
 STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT
@@ -96,6 +98,8 @@ class Step:
     ok: list[bool]  # per call: dispatched and raised nothing
     parse_errors: list[str] = field(default_factory=list)
     overran: list[bool] = field(default_factory=list)  # per call: killed by a limit (no effect)
+    # per call: handed to the tool and not killed (what ran, so what the checkers replay)
+    executed: list[bool] = field(default_factory=list)
 
     @property
     def attempted(self) -> bool:
@@ -197,10 +201,15 @@ class LocalEpisode(_Turns):
                 from rcgrpo.bfcl.progress import out_of_memory
 
                 out_of_memory()  # in a worker: report and exit (the parent restores the state)
-            observations.append(observation)
+            observations.append(valid_utf8(observation))
             ok.append(ran)
-        observations += [f"Error: could not parse tool call: {e}" for e in parsed.errors]
-        return Step(parsed.calls, observations, ok, parsed.errors, overran)
+        observations += [
+            valid_utf8(f"Error: could not parse tool call: {e}") for e in parsed.errors
+        ]
+        executed = [
+            c.name in functions and not o for c, o in zip(parsed.calls, overran, strict=True)
+        ]
+        return Step(parsed.calls, observations, ok, parsed.errors, overran, executed)
 
     def state(self) -> dict[str, dict]:
         """Public state of every involved instance (live objects: copy before keeping)."""
@@ -257,10 +266,13 @@ class Episode(_Turns):
             else:  # the same refusal as dispatch gives, without a round trip
                 observation = f"Error during execution: function {call.name!r} is not available"
                 ran, overran = False, False
-            step.observations.append(observation)
+            step.observations.append(valid_utf8(observation))
             step.ok.append(ran)
             step.overran.append(overran)
-        step.observations += [f"Error: could not parse tool call: {e}" for e in parsed.errors]
+            step.executed.append(call.name in functions and not overran)
+        step.observations += [
+            valid_utf8(f"Error: could not parse tool call: {e}") for e in parsed.errors
+        ]
         return step
 
     def state(self) -> dict[str, dict]:

@@ -10,23 +10,23 @@ every argument a literal (str, number, bool, None, and lists/tuples/dicts/sets o
 is ever handed to eval/exec; `10**10**10`, lambdas, attribute chains, f-strings and comprehensions
 are rejected at parse time. Text and literal sizes are capped before and during parsing.
 
-`dispatch` then calls only a public method found in the mapping the episode passes in (the
-functions available in this turn). Results are rendered exactly as bfcl-eval renders them
-(str as is, dict as JSON, anything else `str()`, an exception inside a tool as
-"Error during execution: ...") so the checkers can compare them with bfcl-eval's own runs.
+Every accepted call is in the one form the checkers score: JSON names and argument keys must be
+ASCII identifiers (a key such as `source='a', destination='b') #` would otherwise be written
+into the stored call string as code), every number finite (`NaN` runs live but its string
+`nan` does not read back), and `str(call)` must read back as the same call. A call that fails
+any of these is an error observation and never runs, so what is scored is what ran.
+rcgrpo.bfcl.dispatch runs the accepted calls.
 Try it: `rcgrpo env run multi_turn_base_0 --calls calls.json`.
 """
 
 from __future__ import annotations
 
 import ast
-import copy
-import functools
-import inspect
 import json
+import keyword
+import math
 import re
 import warnings
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 MAX_TEXT_CHARS = 32_000  # longest model text we parse; longer is rejected unread
@@ -34,6 +34,7 @@ MAX_DEPTH = 16  # deepest literal nesting accepted
 MAX_NODES = 4_000  # most literal elements in one text
 MAX_CALLS = 64  # most calls in one model message
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # ASCII only: ast folds others by NFKC
 _TOOL_CALL_TAG = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.DOTALL)
 # Text that tries to call something: it starts like `name(`, `a.b[0](`, `[`, `(`, `{"name"`,
@@ -89,20 +90,34 @@ class _Budget:
             raise CallError("integer literal over 13,000 bits (str() prints <= 4,300 digits)")
 
 
+def _finite(value):
+    """`value`, unless it is an infinite or NaN float (`1e999`, JSON `NaN`/`Infinity`)."""
+    if type(value) is float and not math.isfinite(value):
+        raise CallError(f"argument value {value!r} is not a finite number")
+    return value
+
+
+def _identifier(name, what: str) -> str:
+    """`name` if it is an ASCII Python identifier and no keyword, else CallError."""
+    if not isinstance(name, str) or not _IDENTIFIER.match(name) or keyword.iskeyword(name):
+        raise CallError(f"{what} {name!r} is not a plain identifier such as `file_name`")
+    return name
+
+
 def _literal(node: ast.AST, budget: _Budget, depth: int = 0):
     """Evaluate a whitelisted literal node; anything else raises CallError naming the node."""
     budget.take(node)
     if depth > MAX_DEPTH:
         raise CallError(f"literal nested deeper than {MAX_DEPTH} levels")
     if isinstance(node, ast.Constant) and isinstance(node.value, str | int | float | bool | None):
-        return node.value
+        return _finite(node.value)
     if (
         isinstance(node, ast.UnaryOp)
         and isinstance(node.op, ast.USub | ast.UAdd)
         and isinstance(node.operand, ast.Constant)
         and type(node.operand.value) in (int, float)
     ):
-        value = node.operand.value
+        value = _finite(node.operand.value)
         return -value if isinstance(node.op, ast.USub) else value
     if isinstance(node, ast.List | ast.Tuple | ast.Set):
         items = [_literal(e, budget, depth + 1) for e in node.elts]
@@ -141,6 +156,7 @@ def _check_json_value(value, budget: _Budget, depth: int = 0) -> None:
     budget.take()
     if depth > MAX_DEPTH:
         raise CallError(f"JSON arguments nested deeper than {MAX_DEPTH} levels")
+    _finite(value)
     children = (
         value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
     )
@@ -162,6 +178,9 @@ def _call_from_json(obj, budget: _Budget) -> Call:
         raise CallError('a JSON tool call needs a "name" string')
     if not isinstance(args, dict):
         raise CallError(f'"arguments" of {name!r} must be an object')
+    _identifier(name, "function name")
+    for key in args:
+        _identifier(key, f"argument name of {name!r}")
     _check_json_value(args, budget)
     return Call(name, (), dict(args))
 
@@ -219,7 +238,27 @@ def _parse_block(block: str, budget: _Budget) -> list[Call]:
 
 
 def parse_calls(text: str) -> Parsed:
-    """Parse the tool calls in one model message. Plain prose gives no calls and no errors."""
+    """Parse the tool calls in one model message. Plain prose gives no calls and no errors.
+
+    Each call is kept only if its canonical string `str(call)` reads back as the same call:
+    that string is what the trajectory stores and the checkers replay.
+    """
+    parsed = _parse_text(text)
+    calls, errors = [], []
+    for call in parsed.calls:
+        try:
+            again = _parse_text(str(call))
+        except Exception:  # noqa: BLE001 - any failure to read back means: not runnable
+            again = Parsed([], ["unreadable"])
+        if again.errors or again.calls != [call] or str(again.calls[0]) != str(call):
+            errors.append(f"call {call.name!r} has no canonical form that reads back the same")
+        else:
+            calls.append(call)
+    return Parsed(calls, errors + parsed.errors)
+
+
+def _parse_text(text: str) -> Parsed:
+    """`parse_calls` without the read-back check."""
     if len(text) > MAX_TEXT_CHARS:
         return Parsed([], [f"message of {len(text)} characters is over the {MAX_TEXT_CHARS} limit"])
     blocks = _TOOL_CALL_TAG.findall(text)
@@ -236,65 +275,8 @@ def parse_calls(text: str) -> Parsed:
             calls.extend(_parse_block(block, budget))
         except CallError as e:
             errors.append(str(e))
-        except (RecursionError, MemoryError, ValueError) as e:  # pathological input to the parser
+        except Exception as e:  # noqa: BLE001 - any other failure (`{[1]}`: TypeError) rejects the text
             errors.append(f"call text rejected: {type(e).__name__}")
     if len(calls) > MAX_CALLS:
         return Parsed([], [f"{len(calls)} calls in one message is over the {MAX_CALLS} limit"])
     return Parsed(calls, errors)
-
-
-def format_result(value) -> str:
-    """Render a tool's return value exactly as bfcl-eval's executor does."""
-    if type(value) is str:
-        return value
-    if type(value) is dict:
-        try:
-            return json.dumps(value)
-        except Exception:
-            return str(value)
-    return str(value)
-
-
-@functools.cache
-def _mutable_defaults(function: Callable) -> tuple[tuple[str, object], ...]:
-    """(name, pristine copy) of each list/dict/set default of a tool function.
-
-    bfcl-eval's `TwitterAPI.post_tweet(tags=[], mentions=[])` stores the default list and
-    `mention()` extends it, so without care one episode's mentions leak into every later
-    episode of the process. Snapshotted the first time the function is seen (memo per function).
-    """
-    return tuple(
-        (name, copy.deepcopy(p.default))
-        for name, p in inspect.signature(function).parameters.items()
-        if isinstance(p.default, list | dict | set)
-    )
-
-
-def _with_fresh_defaults(method: Callable, call: Call) -> dict:
-    """The call's kwargs plus a fresh copy of every mutable default the call leaves out."""
-    defaults = _mutable_defaults(getattr(method, "__func__", method))
-    if not defaults:
-        return call.kwargs
-    try:
-        given = inspect.signature(method).bind_partial(*call.args, **call.kwargs).arguments
-    except TypeError:  # the call itself will raise the same TypeError, as an observation
-        return call.kwargs
-    return {**call.kwargs, **{n: copy.deepcopy(d) for n, d in defaults if n not in given}}
-
-
-def dispatch(call: Call, functions: Mapping[str, Callable]) -> tuple[bool, str]:
-    """Run one call against the available functions; returns (ran_without_error, observation).
-
-    `functions` maps public method names to bound methods of this episode's instances. A name
-    outside it (private, hidden in this turn, of a class the task does not involve, or made up)
-    is never looked up anywhere else.
-    """
-    method = functions.get(call.name) if not call.name.startswith("_") else None
-    if method is None:
-        return False, f"Error during execution: function {call.name!r} is not available"
-    try:
-        return True, format_result(method(*call.args, **_with_fresh_defaults(method, call)))
-    except MemoryError:  # not the tool's answer: the caller (the sandbox worker) handles it
-        raise
-    except Exception as e:  # a tool's own failure is an observation for the model
-        return False, f"Error during execution: {e}"

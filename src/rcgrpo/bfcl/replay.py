@@ -166,6 +166,21 @@ def _multiset_missing(needed, have: Counter) -> list[str]:
     return sorted(missing.elements())
 
 
+def replay_step(episode: LocalEpisode, step_calls: list[str], results: Counter):
+    """Replay one stored model step; adds every observation to `results` and returns
+    (the call strings that parsed, the Step) — the scoring replay's view of what ran."""
+    texts, parsed = [], []
+    for text in step_calls:
+        try:
+            parsed.append(parse_call_string(text))
+            texts.append(text)
+        except CallError:
+            results[f"Error during execution: could not parse {text!r}"] += 1
+    step = episode.step(parsed)
+    results.update(step.observations)
+    return texts, step
+
+
 def replay_here(
     task: Task, calls: list[list[list[str]]], protocol: str, paper_too: bool, guard=None
 ) -> tuple[Verdict | None, Verdict]:
@@ -196,15 +211,7 @@ def replay_here(
         episode.begin_turn(min(turn, episode.n_turns - 1))
         steps = [s for s in steps if s]  # bfcl-eval drops steps that decode to no call
         for step_calls in steps:
-            texts, parsed = [], []
-            for text in step_calls:
-                try:
-                    parsed.append(parse_call_string(text))
-                    texts.append(text)
-                except CallError:
-                    all_results[f"Error during execution: could not parse {text!r}"] += 1
-            step = episode.step(parsed)
-            all_results.update(step.observations)
+            texts, step = replay_step(episode, step_calls, all_results)
             for call, text, ran in zip(step.calls, texts, step.ok, strict=True):
                 if ran and paper_too and call.name != "done":
                     executed.append((call.name, _bound(_function(episode, call.name), text, True)))

@@ -151,7 +151,8 @@ class AgentLoop:
         self.messages.append(message)
         if not step.calls:  # prose or unparsable: the turn ends (BFCL: decode failure ends it)
             return self._end_turn("no_calls")
-        executed = [str(c) for c in step.calls if c.name != "done"]
+        # only calls that ran are scored: a refused, unparsable or killed call changed nothing
+        executed = [str(c) for c, e in zip(step.calls, step.executed, strict=True) if e]
         if executed:  # a bare done() is not a step of the trajectory
             self.calls[-1].append(executed)
         if any(c.name == "done" for c in step.calls) and self.protocol == "combined":

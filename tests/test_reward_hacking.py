@@ -1,0 +1,128 @@
+"""The reward counts what ran, and no model message can break a rollout.
+
+Driven through the real `AgentLoop` (tiny model's tokenizer, scripted messages) and the live
+sandboxed `Episode`: calls whose stored string would mean another call, non-finite numbers,
+unhashable literals and surrogates are error observations that never run, every accepted call's
+string reads back as the same call, and the scoring replay agrees with the live episode.
+
+    .venv/bin/pytest tests/test_reward_hacking.py -q
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rcgrpo.bfcl.checkers import score
+from rcgrpo.bfcl.environment import Episode
+from rcgrpo.bfcl.executor import parse_calls
+from rcgrpo.bfcl.live_replay import hostile_family, hostile_texts, live_vs_replay
+from rcgrpo.bfcl.tasks import get_task, load_tasks
+from rcgrpo.chat.prompts import Renderer
+from rcgrpo.models.loading import load_policy
+from rcgrpo.models.profiles import ModelConfig
+from rcgrpo.rollout.agent_loop import AgentLoop
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    policy = load_policy(ModelConfig(profile="tiny"))
+    return Renderer(policy.tokenizer, policy.stop_id)
+
+
+def play(renderer, task, messages: list[list[str]]):
+    """Feed one list of model messages per turn (bfcl protocol), each turn closed by prose."""
+    loop = AgentLoop(task, renderer, protocol="bfcl")
+    for turn in messages:
+        for text in [*turn, "Done."]:
+            if loop.pending() is None:
+                break
+            ids = renderer.encode(text) + [renderer.stop_id]
+            loop.feed(ids, [-1.0] * len(ids))
+    while loop.pending() is not None:  # later turns: prose
+        ids = renderer.encode("Done.") + [renderer.stop_id]
+        loop.feed(ids, [-1.0] * len(ids))
+    return loop.result()
+
+
+def test_calls_whose_keys_spell_the_real_call_never_run_and_score_zero(renderer):
+    """Each ground-truth call sent as JSON whose one key spells its arguments: every live call
+    is an error, so neither reward may pass (the stored string used to re-parse as the real
+    call, and both checkers paid 1)."""
+    task = get_task("multi_turn_base_0")
+    messages = [[hostile_texts(call)[0] for call in turn] for turn in task.ground_truth]
+    assert "source='final_report.pdf', destination='temp') #" in " ".join(sum(messages, []))
+    rollout = play(renderer, task, messages)
+    assert rollout.trajectory.paper_reward == 0 and rollout.trajectory.bfcl_reward == 0
+    assert rollout.calls == [[] for _ in task.ground_truth]  # nothing ran, nothing is scored
+    assert all("tool_calls" not in m for m in rollout.messages)
+
+
+def test_nan_amount_is_refused_before_it_reaches_the_balance():
+    """`fund_account(amount=NaN)` used to set the live balance to NaN while its stored string
+    `nan` did not re-parse, so the scorer skipped it."""
+    task = next(t for t in load_tasks().values() if "TradingBot" in t.involved_classes)
+    episode = Episode(task)
+    episode.begin_turn(0)
+    before = episode.state()["TradingBot"]["account_info"]
+    step = episode.step('{"name": "fund_account", "arguments": {"amount": NaN}}')
+    assert "not a finite number" in step.observations[0]
+    assert episode.state()["TradingBot"]["account_info"] == before
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "cd(folder={[1]})",
+        "cd(folder={[1]: 2})",
+        "cd(folder={{}: 2})",
+        '{"name": "cd", "arguments": {"\\ud800": 1}}',
+        "cd(folder='\\ud800')",  # the tool's error message quotes the surrogate
+    ],
+)
+def test_no_message_breaks_the_rollout(renderer, text):
+    """Unhashable literals (TypeError from the parser) and lone surrogates (the tokenizer's
+    TypeError) end as this episode's business: the rollout finishes, its text valid UTF-8."""
+    rollout = play(renderer, get_task("multi_turn_base_0"), [[text]])
+    assert rollout.stop_reason == "finished"
+    for message in rollout.messages:
+        message["content"].encode("utf-8")  # raises on a lone surrogate
+    error = parse_calls(text).errors or [m["content"] for m in rollout.messages[-3:]]
+    assert error
+
+
+def test_every_accepted_call_reads_back_as_itself():
+    """The canonical form the checkers replay: parse(str(c)) == c, for every ground-truth call
+    and for calls that exercise tuples, sets, -0.0, big ints and NFKC-folded names."""
+    texts = [c for t in load_tasks().values() for turn in t.ground_truth for c in turn]
+    texts += ["f(a=(1,), b={1, 2}, c=-0.0, d=10**2)", f"f(a={2**1000})", "f(ﬁle_name='x')"]
+    for text in texts:
+        for call in parse_calls(text).calls:
+            again = parse_calls(str(call))
+            assert again.errors == [] and again.calls == [call], text
+
+
+def test_the_hostile_family_is_refused_at_parse_time():
+    task = get_task("multi_turn_base_0")
+    family = [t for call in task.ground_truth[0] for t in hostile_texts(call)]
+    assert len(family) == 15 * len(task.ground_truth[0])
+    for text in family:
+        parsed = parse_calls(text)
+        assert parsed.calls == [] and parsed.errors, text
+
+
+def test_live_and_replay_agree_on_the_hostile_family_and_the_ground_truth():
+    tasks = [get_task(i) for i in ("multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2")]
+    for task, _, messages in hostile_family(tasks):
+        assert live_vs_replay(task, messages) == ""
+    for task in tasks:
+        truth = [[[call] for call in turn] for turn in task.ground_truth]
+        assert live_vs_replay(task, truth) == ""
+        assert all(v.passed for v in score(task, [[t] if t else [] for t in task.ground_truth]))
+
+
+def test_json_keys_with_quotes_get_a_clear_one_line_error():
+    text = json.dumps({"name": "cd", "arguments": {"folder'": "a"}})
+    (error,) = parse_calls(text).errors
+    assert "argument name of 'cd'" in error and "\n" not in error
