@@ -1,6 +1,6 @@
 """Look at a finished run as a person would: the MLflow UI in headless Chromium, with screenshots.
 
-Starts `mlflow ui` on the store the way `rcgrpo ui` does (rcgrpo.servers.start_mlflow, a free
+Starts `mlflow ui` on the store the way `rcgrpo ui` does (rcgrpo.mlflow_ui.start_mlflow, a free
 port on 127.0.0.1), finds the last finished `pipeline` run of experiment `rcgrpo`, its `rl` run
 and the episode traces of its RL-task evaluations, and loads in Debian's `chromium` (headless,
 driven over the Chrome DevTools Protocol with `websockets`, a Prefect dependency):
@@ -63,7 +63,7 @@ def _free_port() -> int:
 class Browser:
     """Headless Chromium driven over the DevTools protocol (one tab)."""
 
-    def __init__(self, binary: str, width: int = 1500, height: int = 1150):
+    def __init__(self, binary: str, auth: str = "", width: int = 1500, height: int = 1150):
         from websockets.sync.client import connect
 
         port, self.profile = _free_port(), tempfile.mkdtemp(prefix="ui_check_profile_")
@@ -93,6 +93,9 @@ class Browser:
         script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});"
                          for k, v in QUIET.items())  # fmt: skip
         self.cmd("Page.addScriptToEvaluateOnNewDocument", source=script)
+        if auth:  # the login a person types once at the browser's prompt, on every request
+            self.cmd("Network.enable")
+            self.cmd("Network.setExtraHTTPHeaders", headers={"Authorization": auth})
 
     def cmd(self, method: str, **params) -> dict:
         self._id += 1
@@ -207,7 +210,7 @@ def check(store: Path, out: Path, run_id: str | None = None, port: int = 0) -> d
     """Start the UI on `store`, load the pages, save PNGs in `out`; the summary (see module)."""
     from mlflow.tracking import MlflowClient
 
-    from rcgrpo import servers
+    from rcgrpo import mlflow_ui, servers
     from rcgrpo.tracking import registry
 
     binary = chromium()
@@ -221,7 +224,7 @@ def check(store: Path, out: Path, run_id: str | None = None, port: int = 0) -> d
     if exp is None:
         raise SystemExit(f"ui_check: no experiment `rcgrpo` in {uri}")
     pipeline, rl, picks = find_run(client, exp.experiment_id, run_id)
-    server = servers.start_mlflow(store, port or _free_port(), log_dir=out)
+    server = mlflow_ui.start_mlflow(store, port or _free_port(), log_dir=out)
     summary: dict = {"run_id": pipeline.info.run_id, "experiment_kind":
                      exp.tags.get("mlflow.experimentKind"), "pages": {}, "failed": []}  # fmt: skip
     try:
@@ -237,7 +240,7 @@ def check(store: Path, out: Path, run_id: str | None = None, port: int = 0) -> d
             url = registry.trace_url(pipeline.info.run_id, pick["trace_id"], host)
             pages.append((f"trace_{outcome}", url, [pick["name"], pick["tool"]], ""))
         summary["traces"] = picks
-        browser = Browser(binary)
+        browser = Browser(binary, mlflow_ui.basic_auth_header(store))
         try:
             for name, url, wait_for, search in pages:
                 page = browser.load(url, wait_for, search)

@@ -28,6 +28,8 @@ LAYERS = [
         "rcgrpo.fields",
         "rcgrpo.config",
         "rcgrpo.servers",
+        "rcgrpo.mlflow_ui",
+        "rcgrpo.run_lock",
         "rcgrpo",
     ),
     ("rcgrpo.bfcl",),

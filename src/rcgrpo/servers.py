@@ -15,8 +15,8 @@ Who may drive them. Any local process can reach 127.0.0.1, and a page in a brows
 per run, in its environment only. Without it every /api route but /api/health and /api/ready
 answers 401 and the event and log websockets close with 1008. On top, CORS only for the UI's
 own origin and CSRF tokens on every POST/PUT/PATCH/DELETE (Prefect's clients fetch them).
-MLflow refuses cross-origin requests by default. tests/test_schedule.py and
-tests/test_servers.py check these against started servers.
+The MLflow UI asks for its own login (rcgrpo.mlflow_ui, which starts it). tests/test_schedule.py
+and tests/test_servers.py check these against started servers.
 
     rcgrpo ui                      # both, until Ctrl-C (see rcgrpo.cli.pipeline)
     from rcgrpo.servers import start_prefect, stop
@@ -86,23 +86,6 @@ def _spawn(name: str, cmd: list[str], env: dict, url: str, health: str, log: Pat
 
 def _logs(log_dir: Path | None) -> Path:
     return Path(log_dir or project_root() / "cache" / "logs")
-
-
-def start_mlflow(store: Path, port: int = 5000, log_dir: Path | None = None) -> Server:
-    """`mlflow ui` on <store>/mlflow.db and <store>/artifacts (rcgrpo.tracking.runs.store_dir())."""
-    apply_defaults()
-    check_port(port, "--mlflow-port")
-    store = Path(store).resolve()
-    store.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    cmd = [
-        _bin("mlflow"), "ui",
-        "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
-        "--artifacts-destination", str(store / "artifacts"),
-        "--host", HOST, "--port", str(port), "--workers", "1",
-    ]  # fmt: skip
-    url = f"http://{HOST}:{port}"
-    return _spawn("MLflow UI", cmd, env, url, f"{url}/health", _logs(log_dir) / "mlflow-ui.log")
 
 
 def prefect_home(home: Path | None = None) -> Path:

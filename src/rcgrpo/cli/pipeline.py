@@ -212,7 +212,7 @@ def ui(
     free again within ~6 s. A port already taken fails at once naming the process that holds it.
     """
     _enter_project()
-    from rcgrpo import servers
+    from rcgrpo import mlflow_ui, servers
     from rcgrpo.tracking import runs as tracking
 
     if mlflow_port == prefect_port:
@@ -224,11 +224,13 @@ def ui(
     typer.echo("starting the MLflow UI and the Prefect server (about 15-30 s on 2 cores) ...")
     started, code = [], 0
     try:
-        started.append(servers.start_mlflow(tracking.store_dir(), mlflow_port))
+        started.append(mlflow_ui.start_mlflow(tracking.store_dir(), mlflow_port))
         started.append(servers.start_prefect(prefect_port))
         servers.wait_ready(started, timeout)
         auth_file = servers.prefect_home() / servers.AUTH_FILE
-        typer.echo(f"MLflow UI   {_experiment_link(started[0].url)}   (runs, metrics, traces)")
+        secret = tracking.store_dir() / mlflow_ui.PASSWORD_FILE
+        login = f"its login: user {mlflow_ui.USER}, the password in {secret}"
+        typer.echo(f"MLflow UI   {_experiment_link(started[0].url)}   (runs, traces; {login})")
         typer.echo(f"Prefect UI  {started[1].url}   (flow runs, deployments, schedules; "
                    f"its login asks for the password in {auth_file})")  # fmt: skip
         typer.echo(
