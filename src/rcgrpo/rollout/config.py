@@ -47,7 +47,9 @@ class RolloutConfig:
     tool_workers: int = ranged(0, "[0, inf)")  # async: sandbox workers for tools (0 = CPU count)
     # vllm only: share of GPU memory for the engine
     vllm_gpu_memory_utilization: float = ranged(0.6, "(0, 1]")
-    vllm_max_lora_rank: int = ranged(64, "[1, inf)")  # vllm only: upper bound on the adapter rank
+    vllm_max_lora_rank: int = ranged(
+        0, "[0, inf)"
+    )  # vllm only: --max-lora-rank; 0 = the adapter's rank
     vllm_servers: int = ranged(1, "[1, inf)")  # vllm: servers (data parallel), one per device set
     vllm_devices: tuple[str, ...] = ()  # vllm: CUDA_VISIBLE_DEVICES per server (() = in order)
     tensor_parallel_size: int = ranged(1, "[1, inf)")  # vllm: GPUs per server

@@ -121,7 +121,8 @@ class VLLMEngine(Engine):
             "--enable-prefix-caching" if cfg.vllm_prefix_caching else "--no-enable-prefix-caching"
         ]
         if policy.is_lora:
-            args += ["--enable-lora", "--max-lora-rank", str(cfg.vllm_max_lora_rank)]
+            rank = cfg.vllm_max_lora_rank or policy.config.lora_r  # LoRA buffers: that rank
+            args += ["--enable-lora", "--max-lora-rank", str(rank)]
             args += ["--max-loras", "2"]  # the new version loads before the old one unloads
         if cuda():
             args += ["--gpu-memory-utilization", str(cfg.vllm_gpu_memory_utilization)]
