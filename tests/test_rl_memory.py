@@ -183,3 +183,64 @@ def test_bf16_lora_compute_matches_the_float32_adapter_path_within_bf16_toleranc
         assert rel < 3e-2, (n, float(rel))
     # outside the training context the model runs peft's default again
     assert all(getattr(m, "cast_input_dtype_enabled", True) for m in model.modules())
+
+
+class _Recorder:
+    """Stands in for torch.cuda and for the vLLM servers' HTTP calls (no GPU here): records the
+    order of the calls."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def synchronize(self):
+        self.log.append("synchronize")
+
+    def empty_cache(self):
+        self.log.append("empty_cache")
+
+    def set_per_process_memory_fraction(self, fraction):
+        self.log.append(f"fraction {fraction:.2f}")
+
+    def post(self, path, body):
+        self.log.append(path.split("?")[0])
+
+
+def test_colocated_rollouts_and_updates_take_turns_in_order(monkeypatch):
+    """Through VLLMEngine.rollout with sleep mode: the trainer empties its cache and leaves
+    vLLM's share BEFORE the wake-up, the rollouts run, the server sleeps, then the update gets
+    the memory back."""
+    from rcgrpo.rollout import colocate
+    from rcgrpo.rollout.engine import Engine, RolloutConfig
+    from rcgrpo.rollout.vllm_engine import VLLMEngine
+
+    log: list[str] = []
+    monkeypatch.setattr(colocate, "_cuda", lambda: _Recorder(log))
+    monkeypatch.setattr(Engine, "rollout", lambda self, *a, **k: log.append("rollouts"))
+    engine = VLLMEngine.__new__(VLLMEngine)  # no server process: the stand-in records its calls
+    engine.cfg = RolloutConfig(engine="vllm", vllm_sleep_mode=True,
+                               vllm_gpu_memory_utilization=0.7)  # fmt: skip
+    engine.servers, engine.asleep = [_Recorder(log)], True
+    engine.policy = SimpleNamespace(is_lora=False)
+    engine.router = SimpleNamespace(reset=lambda: None)
+    engine.rollout([])
+    assert log == ["synchronize", "empty_cache", "fraction 0.30", "/wake_up", "rollouts",
+                   "/sleep", f"fraction {1 - colocate.VLLM_ASLEEP_SHARE:.2f}"]  # fmt: skip
+    assert engine.asleep
+
+
+def test_sleep_mode_default_and_the_allocator_setting_stays_in_the_trainer():
+    from rcgrpo.rollout import colocate
+    from rcgrpo.rollout.engine import RolloutConfig
+
+    vllm = RolloutConfig(engine="vllm")
+    assert colocate.sleep_mode(vllm, "qwen2.5-7b-instruct", on_cuda=True)
+    assert not colocate.sleep_mode(vllm, "qwen2.5-7b-instruct", on_cuda=False)  # CPU: frees nothing
+    assert not colocate.sleep_mode(vllm, "qwen-shape", on_cuda=True)  # a built-here CPU model
+    two = RolloutConfig(engine="vllm", vllm_servers=2)
+    assert not colocate.sleep_mode(two, "qwen2.5-7b-instruct", on_cuda=True)
+    off = RolloutConfig(engine="vllm", vllm_sleep_mode=False)
+    assert not colocate.sleep_mode(off, "qwen2.5-7b-instruct", on_cuda=True)
+    env: dict[str, str] = {}
+    colocate.trainer_env(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert colocate.server_env({**env, "PATH": "/bin"}) == {"PATH": "/bin"}

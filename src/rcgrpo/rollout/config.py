@@ -47,15 +47,15 @@ class RolloutConfig:
     tool_workers: int = ranged(0, "[0, inf)")  # async: sandbox workers for tools (0 = CPU count)
     # vllm only: share of GPU memory for the engine
     vllm_gpu_memory_utilization: float = ranged(0.6, "(0, 1]")
-    vllm_max_lora_rank: int = ranged(
-        0, "[0, inf)"
-    )  # vllm only: --max-lora-rank; 0 = the adapter's rank
+    vllm_max_lora_rank: int = ranged(0, "[0, inf)")  # vllm: --max-lora-rank (0 = model.lora_r)
     vllm_servers: int = ranged(1, "[1, inf)")  # vllm: servers (data parallel), one per device set
     vllm_devices: tuple[str, ...] = ()  # vllm: CUDA_VISIBLE_DEVICES per server (() = in order)
     tensor_parallel_size: int = ranged(1, "[1, inf)")  # vllm: GPUs per server
     vllm_max_num_seqs: int = ranged(256, "[1, inf)")  # vllm: sequences a server runs at once
     vllm_prefix_caching: bool = True  # vllm: --enable-prefix-caching (hit rate logged per call)
-    vllm_sleep_mode: bool = False  # vllm colocated: sleep after each rollout, wake at sync
+    # vllm colocated: sleep after each rollout, wake at sync; None = on for the hub profiles on
+    # CUDA with one server per rank (rcgrpo.rollout.colocate)
+    vllm_sleep_mode: bool | None = None
 
     def __post_init__(self):
         if self.engine not in ("hf", "vllm"):

@@ -48,6 +48,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rcgrpo.rollout import colocate
 from rcgrpo.rollout.engine import Engine, RolloutConfig, Sample
 from rcgrpo.rollout.router import Router, visible_gpus
 from rcgrpo.rollout.scheduler import Clock, DirectClient
@@ -200,6 +201,7 @@ class VLLMEngine(Engine):
     def _wake(self, reload: bool) -> None:
         if not self.asleep:
             return
+        colocate.before_wake(self.cfg.vllm_gpu_memory_utilization)  # the trainer's cache first
         on_all(self.servers, VLLMServer.wake_up)
         self.asleep = False
         if reload and self.policy.is_lora:  # adapters need not survive a level-1 sleep
@@ -214,6 +216,7 @@ class VLLMEngine(Engine):
             if self.cfg.vllm_sleep_mode and self.servers:
                 on_all(self.servers, VLLMServer.sleep)
                 self.asleep = True
+                colocate.after_sleep()
 
     # -- generation ------------------------------------------------------------------------------
     def request(self, prompt: list[int], max_new: int, seed: int, episode: int | None = None

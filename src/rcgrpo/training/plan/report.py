@@ -61,6 +61,7 @@ def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb
     """model/rollout/rl/sft: the resolved ModelConfig, RolloutConfig, RLConfig and the SFTConfig
     of the fine-tuning `stage` ("rctp" | "sft")."""
     from rcgrpo.models.profiles import LORA_TARGETS, PROFILES
+    from rcgrpo.rollout.colocate import sleep_mode
     from rcgrpo.training.plan.measure import COMMAND, cuda_dtype, recorded
 
     profile = PROFILES[model.profile]
@@ -121,7 +122,7 @@ def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb
         rank = rollout.vllm_max_lora_rank or model.lora_r
         slots = 2 * arch.lora_params(rank, targets) * b if lora else 0.0  # --max-loras 2
         awake, kv_tok = M.vllm_terms(arch, b, rollout.vllm_gpu_memory_utilization, room, slots)
-        if rollout.vllm_sleep_mode:
+        if sleep_mode(rollout, model.profile, on_cuda=True):
             plan.phases.append(Phase("rl rollouts: vLLM awake, trainer cache empty", idle + awake))
             beside = M.vllm_asleep_terms(slots)
             plan.phases.append(Phase(f"rl update, vLLM asleep: {title}", upd + beside))
