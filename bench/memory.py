@@ -163,12 +163,13 @@ def estimate(frac: float) -> None:
     micro-batch of 8 x 8k tokens: the terms `rcgrpo plan` prints (rcgrpo.training.plan.memory)."""
     from rcgrpo.models.profiles import LORA_TARGETS
     from rcgrpo.training.plan.constants import architecture
-    from rcgrpo.training.plan.memory import static_terms, update_terms
+    from rcgrpo.training.plan.memory import measured_layer, static_terms, update_terms
 
     arch, tokens = architecture("qwen2.5-7b-instruct"), 8 * 8192
     lora = arch.lora_params(16, LORA_TARGETS["qwen2"])
+    layer = measured_layer("qwen2.5-7b-instruct", "bfloat16")
     terms = static_terms(arch, 2, lora, 1, True) + update_terms(arch, tokens, int(frac * tokens),
-                                                                2, True)  # fmt: skip
+                                                                2, True, layer)  # fmt: skip
     print(f"\nEstimate (rcgrpo.training.plan.memory): Qwen2.5-7B + LoRA, 8 x 8,192 tokens, "
           f"{frac:.0%} sampled")  # fmt: skip
     for t in terms:
@@ -269,13 +270,17 @@ def predicted(micro: list[list[int]]) -> tuple[float, str]:
     micro-batch's activations and logits (update_terms)."""
     from rcgrpo.models.profiles import LORA_TARGETS
     from rcgrpo.training.plan.constants import architecture
-    from rcgrpo.training.plan.memory import static_terms, update_terms
+    from rcgrpo.training.plan.memory import measured_layer, static_terms, update_terms
 
-    arch = architecture("qwen-shape")
+    arch, layer = architecture("qwen-shape"), measured_layer("qwen-shape", "float32")
     lora = arch.lora_params(16, LORA_TARGETS["qwen2"])
     static = sum(t.bytes for t in static_terms(arch, 4, lora, 1, True)[1:])
-    peak = max(micro, key=lambda m: sum(t.bytes for t in update_terms(arch, m[0], m[1], 4, False)))
-    terms = update_terms(arch, peak[0], peak[1], 4, False)
+
+    def terms_of(m):
+        return update_terms(arch, m[0], m[1], 4, False, layer)
+
+    peak = max(micro, key=lambda m: sum(t.bytes for t in terms_of(m)))
+    terms = terms_of(peak)
     text = ", ".join(f"{t.name.split(',')[0].split(' (')[0]} {t.bytes / GB:.2f}" for t in terms)
     return (static + sum(t.bytes for t in terms)) / GB, f"static {static / GB:.3f} + {text}"
 

@@ -6,6 +6,7 @@ gradient checkpointing. The memory itself is measured by bench/memory.py, not he
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -124,3 +125,123 @@ def test_gradient_checkpointing_is_on_for_gpu_profiles_and_changes_no_gradient()
     assert len(out[True]) == len(out[False]) > 0
     for a, b in zip(out[False], out[True], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def _bf16_lora_model():
+    """A small Qwen2 in bf16 with the project's LoRA (float32 adapters), B made non-zero so
+    both A and B have gradients."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from rcgrpo.models.lora import apply_lora
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=64)  # fmt: skip
+    base = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model = apply_lora(base, ModelConfig(profile="qwen-shape", train_reward_rows=False), [])
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.02)
+    return model
+
+
+def test_bf16_lora_compute_matches_the_float32_adapter_path_within_bf16_tolerance():
+    """One update's loss and LoRA gradients through training_attention (bf16 autocast, float32
+    master weights, peft's input casting off) against peft's default path (inputs cast to the
+    float32 adapters): equal within bf16's rounding; the adapters and their gradients stay
+    float32 (AdamW's states follow them)."""
+    from rcgrpo.models.lora import compute_dtype
+    from rcgrpo.training.forward import training_attention
+    from rcgrpo.training.grpo.update import logprobs
+
+    model = _bf16_lora_model()
+    assert compute_dtype(model) == torch.bfloat16
+    ids = torch.randint(0, 64, (2, 24))
+    attn = torch.ones_like(ids)
+    mask = torch.zeros(2, 23)
+    mask[:, 10:] = 1
+    adv = torch.tensor([1.0, -0.5])
+
+    def update(bf16: bool):
+        model.zero_grad(set_to_none=True)
+        ctx = training_attention(model) if bf16 else contextlib.nullcontext()
+        with ctx:
+            logp, _, _ = logprobs(model, ids, attn, mask)
+            loss, _ = policy_loss(logp, logp.detach(), adv, mask, None)
+            loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return loss.item(), logp.detach(), grads
+
+    loss32, logp32, g32 = update(bf16=False)
+    loss16, logp16, g16 = update(bf16=True)
+    assert set(g16) == set(g32) and all("lora_" in n for n in g16) and len(g16) == 2 * 2 * 7
+    assert all(g.dtype == torch.float32 for g in g16.values())
+    assert loss16 == pytest.approx(loss32, rel=2e-2, abs=1e-3)
+    assert torch.allclose(logp16, logp32, atol=5e-2)
+    for n in g32:  # bf16 has 8 bits of mantissa: ~1 % per element, less over a whole tensor
+        rel = (g16[n] - g32[n]).norm() / g32[n].norm()
+        assert rel < 3e-2, (n, float(rel))
+    # outside the training context the model runs peft's default again
+    assert all(getattr(m, "cast_input_dtype_enabled", True) for m in model.modules())
+
+
+class _Recorder:
+    """Stands in for torch.cuda and for the vLLM servers' HTTP calls (no GPU here): records the
+    order of the calls."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def synchronize(self):
+        self.log.append("synchronize")
+
+    def empty_cache(self):
+        self.log.append("empty_cache")
+
+    def set_per_process_memory_fraction(self, fraction):
+        self.log.append(f"fraction {fraction:.2f}")
+
+    def post(self, path, body):
+        self.log.append(path.split("?")[0])
+
+
+def test_colocated_rollouts_and_updates_take_turns_in_order(monkeypatch):
+    """Through VLLMEngine.rollout with sleep mode: the trainer empties its cache and leaves
+    vLLM's share BEFORE the wake-up, the rollouts run, the server sleeps, then the update gets
+    the memory back."""
+    from rcgrpo.rollout import colocate
+    from rcgrpo.rollout.engine import Engine, RolloutConfig
+    from rcgrpo.rollout.vllm_engine import VLLMEngine
+
+    log: list[str] = []
+    monkeypatch.setattr(colocate, "_cuda", lambda: _Recorder(log))
+    monkeypatch.setattr(Engine, "rollout", lambda self, *a, **k: log.append("rollouts"))
+    engine = VLLMEngine.__new__(VLLMEngine)  # no server process: the stand-in records its calls
+    engine.cfg = RolloutConfig(engine="vllm", vllm_sleep_mode=True,
+                               vllm_gpu_memory_utilization=0.7)  # fmt: skip
+    engine.servers, engine.asleep = [_Recorder(log)], True
+    engine.policy = SimpleNamespace(is_lora=False)
+    engine.router = SimpleNamespace(reset=lambda: None)
+    engine.rollout([])
+    assert log == ["synchronize", "empty_cache", "fraction 0.30", "/wake_up", "rollouts",
+                   "/sleep", f"fraction {1 - colocate.VLLM_ASLEEP_SHARE:.2f}"]  # fmt: skip
+    assert engine.asleep
+
+
+def test_sleep_mode_default_and_the_allocator_setting_stays_in_the_trainer():
+    from rcgrpo.rollout import colocate
+    from rcgrpo.rollout.engine import RolloutConfig
+
+    vllm = RolloutConfig(engine="vllm")
+    assert colocate.sleep_mode(vllm, "qwen2.5-7b-instruct", on_cuda=True)
+    assert not colocate.sleep_mode(vllm, "qwen2.5-7b-instruct", on_cuda=False)  # CPU: frees nothing
+    assert not colocate.sleep_mode(vllm, "qwen-shape", on_cuda=True)  # a built-here CPU model
+    two = RolloutConfig(engine="vllm", vllm_servers=2)
+    assert not colocate.sleep_mode(two, "qwen2.5-7b-instruct", on_cuda=True)
+    off = RolloutConfig(engine="vllm", vllm_sleep_mode=False)
+    assert not colocate.sleep_mode(off, "qwen2.5-7b-instruct", on_cuda=True)
+    env: dict[str, str] = {}
+    colocate.trainer_env(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert colocate.server_env({**env, "PATH": "/bin"}) == {"PATH": "/bin"}

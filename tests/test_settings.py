@@ -109,7 +109,7 @@ BAD = {
         "prefix_cache": ("maybe", "must be true or false"),
         "threads": ("-1", "must be in [0, inf)"),
         "vllm_gpu_memory_utilization": ("1.5", "must be in (0, 1]"),
-        "vllm_max_lora_rank": ("0", "must be in [1, inf)"),
+        "vllm_max_lora_rank": ("-1", "must be in [0, inf)"),
         "scheduler": ("x", "must be one of async, lockstep"),
         "max_in_flight": ("0", "must be in [1, inf)"),
         "tool_workers": ("-1", "must be in [0, inf)"),

@@ -11,6 +11,7 @@ one line saying what to change (`--table` prints the breakdown before it).
     rcgrpo plan --profile qwen2.5-7b-instruct --preset paper --gpus 8 --gpu-memory 80
     rcgrpo plan --profile qwen2.5-7b-instruct --preset paper --gpus 1 --gpu-memory 24   # exit 2
     rcgrpo plan --profile qwen-shape --set rl.max_tokens_per_micro_batch=8192
+    rcgrpo plan --measure    # the per-layer figures: one full-width layer per profile, CPU
 """
 
 from __future__ import annotations
@@ -76,8 +77,17 @@ def plan(
     mfu: float = typer.Option(0.0, help="model FLOPs utilisation of the update (default 0.35)"),
     sampled_share: float = typer.Option(0.0, help="sampled share of a micro-batch (default 0.033)"),
     table: bool = typer.Option(False, help="print the breakdown also when it does not fit"),
+    measure: bool = typer.Option(
+        False, help="measure one decoder layer of each profile on the CPU into layers.json"
+    ),
 ) -> None:
     """Per-GPU memory and the RL step time of a config; exit 2 with what to change if it does not fit."""
+    if measure:
+        from rcgrpo.training.plan.measure import PROFILES, measure_all, write
+
+        path = write(measure_all((profile,) if profile else PROFILES, merge=bool(profile)))
+        typer.echo(f"wrote {path}")
+        return
     from rcgrpo.training.plan import constants
     from rcgrpo.training.plan.report import check, make_plan, render
 

@@ -62,7 +62,7 @@ class RolloutConfig:
     vllm_gpu_memory_utilization: float = ranged(
         0.6, "(0, 1]", "vllm: share of GPU memory for the engine"
     )
-    vllm_max_lora_rank: int = ranged(64, "[1, inf)", "vllm: upper bound on the adapter rank")
+    vllm_max_lora_rank: int = ranged(0, "[0, inf)", "vllm: --max-lora-rank (0 = model.lora_r)")
     vllm_servers: int = ranged(1, "[1, inf)", "vllm: servers (data parallel), one per device set")
     vllm_devices: tuple[str, ...] = setting(
         (), 'vllm: CUDA_VISIBLE_DEVICES per server, e.g. ["0,1", "2,3"] ([] = in order)'
@@ -72,8 +72,10 @@ class RolloutConfig:
     vllm_prefix_caching: bool = setting(
         True, "vllm: --enable-prefix-caching (hit rate: rollout/prefix_cache_hit_rate)"
     )
-    vllm_sleep_mode: bool = setting(
-        False, "vllm colocated with training: sleep after each rollout, wake at sync (CUDA)"
+    vllm_sleep_mode: bool | None = setting(
+        None,
+        "vllm colocated: sleep during the update, wake for rollouts"
+        " (null = on for hub profiles on CUDA, one server per rank)",
     )
 
     def __post_init__(self):

@@ -78,7 +78,14 @@ def make_engine(cfg, policy, device: str | None = None):
     itself, so `device` must be the model's; a vLLM server is pinned to that GPU."""
     device = policy.config.device if device in (None, "auto") else device
     if cfg.engine == "vllm":
+        import dataclasses
+
+        from rcgrpo.rollout.colocate import sleep_mode
         from rcgrpo.rollout.vllm_engine import VLLMEngine
+        from rcgrpo.rollout.vllm_server import cuda
+
+        on = sleep_mode(cfg, policy.config.profile, cuda())  # None: on for hub profiles on CUDA
+        cfg = dataclasses.replace(cfg, vllm_sleep_mode=on)
 
         return VLLMEngine(cfg, policy, device=device)
     from rcgrpo.rollout.hf import HFEngine

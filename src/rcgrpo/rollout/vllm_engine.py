@@ -48,6 +48,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rcgrpo.rollout import colocate
 from rcgrpo.rollout.config import RolloutConfig
 from rcgrpo.rollout.engine import Engine, Sample
 from rcgrpo.rollout.router import Router, visible_gpus
@@ -122,7 +123,8 @@ class VLLMEngine(Engine):
             "--enable-prefix-caching" if cfg.vllm_prefix_caching else "--no-enable-prefix-caching"
         ]
         if policy.is_lora:
-            args += ["--enable-lora", "--max-lora-rank", str(cfg.vllm_max_lora_rank)]
+            rank = cfg.vllm_max_lora_rank or policy.config.lora_r  # LoRA buffers: that rank
+            args += ["--enable-lora", "--max-lora-rank", str(rank)]
             args += ["--max-loras", "2"]  # the new version loads before the old one unloads
         if cuda():
             args += ["--gpu-memory-utilization", str(cfg.vllm_gpu_memory_utilization)]
@@ -200,6 +202,7 @@ class VLLMEngine(Engine):
     def _wake(self, reload: bool) -> None:
         if not self.asleep:
             return
+        colocate.before_wake(self.cfg.vllm_gpu_memory_utilization)  # the trainer's cache first
         on_all(self.servers, VLLMServer.wake_up)
         self.asleep = False
         if reload and self.policy.is_lora:  # adapters need not survive a level-1 sleep
@@ -214,6 +217,7 @@ class VLLMEngine(Engine):
             if self.cfg.vllm_sleep_mode and self.servers:
                 on_all(self.servers, VLLMServer.sleep)
                 self.asleep = True
+                colocate.after_sleep()
 
     # -- generation ------------------------------------------------------------------------------
     def request(self, prompt: list[int], max_new: int, seed: int, episode: int | None = None

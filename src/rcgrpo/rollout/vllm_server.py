@@ -43,6 +43,7 @@ import threading
 import time
 from pathlib import Path
 
+from rcgrpo.rollout import colocate
 from rcgrpo.runtime import project_root
 
 START_TIMEOUT_S = 900  # 35-50 s on the 2-core box when quiet; much more when it is shared
@@ -136,6 +137,7 @@ class VLLMServer:
 
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+        env = colocate.server_env(env)  # the trainer's expandable segments break sleep mode
         env.update(
             VLLM_API_KEY=self.key, PYTHONPATH=str(self.home), VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
             VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",

@@ -59,14 +59,20 @@ def training_attention(model):
     by rcgrpo.models.loading: flash-attention where chosen), then switch back to the one it was
     loaded with (sdpa: the transformers engine's decode passes 4D masks flash cannot take).
     Hold it over forwards AND backwards: a checkpointed layer recomputes in backward with the
-    implementation set then, and packed rows under SDPA without a mask would mix sequences."""
+    implementation set then, and packed rows under SDPA without a mask would mix sequences.
+    On a 16-bit base with float32 adapters the block also runs LoRA in 16-bit
+    (rcgrpo.models.lora.lora_compute)."""
+    from rcgrpo.models.lora import lora_compute
+
     want, have = getattr(model, "training_attention", None), _impl(model)
     if not want or want == have:
-        yield
+        with lora_compute(model):  # bf16 LoRA compute on a bf16 base (float32 master weights)
+            yield
         return
     model.set_attn_implementation(want)
     try:
-        yield
+        with lora_compute(model):
+            yield
     finally:
         model.set_attn_implementation(have)
 

@@ -52,6 +52,7 @@ def run_rl(
     """Load the initial policy (cfg.start_path), train on the RL tasks, save <out_dir>/final.
     on_rollouts: the Trainer's per-step rollout callback (episode traces), or None."""
     from rcgrpo.models.loading import load_policy, save_policy
+    from rcgrpo.rollout import colocate
     from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import make_engine
     from rcgrpo.training import distributed
@@ -78,6 +79,8 @@ def run_rl(
     # under a launcher: this rank's GPU (cuda:LOCAL_RANK), bound before anything loads; the
     # rank then owns its engine on that device (its own vLLM server pinned to it)
     device = distributed.local_device(model_cfg.device)
+    if rollout_cfg.engine == "vllm":  # expandable segments in the trainer, never in vLLM
+        colocate.trainer_env()  # before CUDA's first allocation
     policy = load_policy(dataclasses.replace(model_cfg, device=device), adapter_path=start)
     engine = make_engine(rollout_cfg, policy, device=policy.config.device)
     if backend is not None:  # rcgrpo.rollout.execution: the same shards (whole groups)

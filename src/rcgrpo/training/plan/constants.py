@@ -111,6 +111,17 @@ ARCHS = {
 
 
 # --- the memory model -------------------------------------------------------------------------
+# Capacity: a GPU sold as "80 GB" reports 79.2 GiB = 85.0e9 bytes to CUDA (H100 80 GB), and
+# vLLM's gpu_memory_utilization is a fraction of that physical total; the plan takes
+# --gpu-memory as the marketed size and works in the bytes CUDA reports.
+PHYSICAL_PER_GB = 79.2 * 2**30 / 80
+PHYSICAL_SOURCE = "H100 80 GB: torch.cuda.mem_get_info total 79.2 GiB (vLLM's capacity)"
+# Every phase keeps this share of the physical capacity free (fragmentation, driver, spikes):
+# vLLM alone leaves 10 % by default; a plan with less exits 2.
+HEADROOM = 0.08
+# The per-layer figures (saved bytes, forward + backward peak per token) come from a
+# measurement of one full-width layer per profile: rcgrpo.training.plan.measure, recorded in
+# layers.json beside this file by `rcgrpo plan --measure` and kept true by tests/test_plan.py.
 # Logits at the sampled positions: (N, V) computed in the head's dtype, then float32 for the
 # log-softmax, its backward and the entropy metric. bench/memory.py measured the peak of the
 # masked path at 4.0-4.3 float32 copies per (position, row) on qwen-shape (README table).
@@ -132,6 +143,11 @@ ALLOCATOR_SLACK = 0.05
 # 7B model at the default max_num_batched_tokens (vLLM's startup log "model weights took ...,
 # non_torch_memory ..., PyTorch activation peak memory ..."); assumed 2 GB.
 VLLM_OVERHEAD_GB = 2.0
+# vLLM's own process: its CUDA context and non-torch memory, held even asleep; assumed 1 GB.
+VLLM_CONTEXT_GB = 1.0
+# NCCL's communicator buffers in each trainer process of a multi-GPU run (DDP's all-reduce):
+# per channel and peer NCCL_BUFFSIZE (4 MiB) and its proxies; assumed 0.5 GB.
+NCCL_GB = 0.5
 
 # --- the time model ---------------------------------------------------------------------------
 # Model FLOPs utilisation of the training forwards and backwards (transformers + DDP, LoRA,

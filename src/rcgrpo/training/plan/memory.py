@@ -19,6 +19,8 @@ from rcgrpo.training.plan.constants import (
     CUDA_CONTEXT_GB,
     GB,
     LOGITS_BYTES,
+    NCCL_GB,
+    VLLM_CONTEXT_GB,
     VLLM_OVERHEAD_GB,
     Arch,
 )
@@ -48,33 +50,48 @@ def dtype_bytes(dtype: str) -> int:
     return 4 if dtype == "float32" else 2
 
 
-def layer_bytes_per_token(arch: Arch, b: int) -> float:
-    """Bytes one decoder layer keeps per token for its backward (b bytes per element): q, k, v,
-    the rotated q and k and the attention output (flash/SDPA kernels keep no T x T matrix);
-    SwiGLU's gate, up, silu(gate) and product; two RMSNorms, each a float32 copy of its input
-    and its b-byte output (transformers' Qwen2/Llama norms upcast). LoRA's r-wide inputs of the
-    B matrices are left out (r = 16 against thousands)."""
-    attention = b * (3 * arch.q_dim + 3 * arch.kv_dim)
-    mlp = b * 4 * arch.intermediate
-    norms = 2 * (4 + b) * arch.hidden
-    return attention + mlp + norms
+@dataclass(frozen=True)
+class Layer:
+    """One decoder layer per token, measured (rcgrpo.training.plan.measure, layers.json):
+    bytes autograd saves, and the peak of its forward + backward."""
+
+    saved: float
+    peak: float
 
 
-def update_terms(arch: Arch, tokens: int, sampled: int, b: int, checkpointing: bool) -> list[Term]:
-    """Activations of one training forward + backward over `tokens` computed positions with
-    `sampled` of them under the LM head (the micro-batch's peak)."""
-    per_layer = layer_bytes_per_token(arch, b)
+def measured_layer(profile: str, dtype: str) -> Layer:
+    """The recorded measurement of a profile's layer in `dtype`; KeyError saying which command
+    records it when there is none."""
+    from rcgrpo.training.plan.measure import COMMAND, recorded
+
+    entry = recorded()["layers"].get(profile)
+    if entry is None or entry["dtype"] != dtype:
+        raise KeyError(f"no measured {dtype} layer for profile {profile!r}: run `{COMMAND}`")
+    return Layer(entry["saved"], entry["peak"])
+
+
+def update_terms(arch: Arch, tokens: int, sampled: int, b: int, checkpointing: bool,
+                 layer: Layer) -> list[Term]:  # fmt: skip
+    """Activations at the peak of one training forward + backward over `tokens` computed
+    positions with `sampled` of them under the LM head. The logits are freed before the layers'
+    backward starts, so the peak is the larger of the two, not their sum."""
     d, L = arch.hidden, arch.layers
+    out: list[Term] = []
     if checkpointing:
         out = [Term("activations, checkpointed (each layer's input)", L * tokens * d * b,
-                    f"{L} layers x {tokens:,} tok x {d} x {b} B"),
-               Term("one layer recomputed in backward", tokens * per_layer,
-                    f"{tokens:,} tok x {per_layer / 1e3:.1f} kB")]  # fmt: skip
+                    f"{L} layers x {tokens:,} tok x {d} x {b} B")]  # fmt: skip
+        layers, how = tokens * layer.peak, f"{tokens:,} tok x {layer.peak / 1e3:.1f} kB (measured)"
+        name = "one layer recomputed + its backward"
     else:
-        out = [Term("activations, every layer kept (no checkpointing)", L * tokens * per_layer,
-                    f"{L} layers x {tokens:,} tok x {per_layer / 1e3:.1f} kB")]  # fmt: skip
-    out.append(Term("logits at the sampled positions", sampled * arch.vocab * LOGITS_BYTES,
-                    f"{sampled:,} pos x {arch.vocab:,} x {LOGITS_BYTES} B"))  # fmt: skip
+        layers = L * tokens * layer.saved + tokens * (layer.peak - layer.saved)
+        how = f"{L} x {tokens:,} tok x {layer.saved / 1e3:.1f} kB + one backward (measured)"
+        name = "activations, every layer kept + one backward"
+    logits = sampled * arch.vocab * LOGITS_BYTES
+    if logits > layers:
+        out.append(Term("logits at the sampled positions (> the layers' peak)", logits,
+                        f"{sampled:,} pos x {arch.vocab:,} x {LOGITS_BYTES} B"))  # fmt: skip
+    else:
+        out.append(Term(name + " (> the logits' peak)", layers, how))
     return out
 
 
@@ -100,11 +117,14 @@ def static_terms(arch: Arch, b: int, lora_params: int, gpus: int, reference: boo
     return out
 
 
-def process_terms(trainer_bytes: float) -> list[Term]:
-    """A process's CUDA context and its allocator's slack (constants: both assumptions)."""
-    return [Term("CUDA context", CUDA_CONTEXT_GB * GB, f"{CUDA_CONTEXT_GB} GB"),
-            Term("allocator slack", ALLOCATOR_SLACK * trainer_bytes,
-                 f"{ALLOCATOR_SLACK:.0%} of the above")]  # fmt: skip
+def process_terms(trainer_bytes: float, gpus: int) -> list[Term]:
+    """A trainer process's CUDA context, NCCL's buffers (several GPUs) and its allocator's
+    slack (constants: assumptions)."""
+    out = [Term("CUDA context", CUDA_CONTEXT_GB * GB, f"{CUDA_CONTEXT_GB} GB, assumed")]
+    if gpus > 1:
+        out.append(Term("NCCL buffers", NCCL_GB * GB, f"{NCCL_GB} GB, assumed"))
+    return out + [Term("allocator slack", ALLOCATOR_SLACK * trainer_bytes,
+                       f"{ALLOCATOR_SLACK:.0%} of the above")]  # fmt: skip
 
 
 def kv_bytes_per_token(arch: Arch, b: int) -> int:
@@ -112,27 +132,36 @@ def kv_bytes_per_token(arch: Arch, b: int) -> int:
     return 2 * arch.layers * arch.kv_dim * b
 
 
-def vllm_terms(arch: Arch, b: int, share: float, gpu_bytes: float) -> tuple[list[Term], float]:
-    """The vLLM server's reservation (gpu_memory_utilization x the GPU) split into weights,
-    overhead and KV cache; returns (terms, KV capacity in tokens)."""
-    total = share * gpu_bytes
+def vllm_terms(arch: Arch, b: int, share: float, gpu_bytes: float, slots: float
+               ) -> tuple[list[Term], float]:  # fmt: skip
+    """The awake vLLM server's reservation (gpu_memory_utilization x the physical GPU) split into
+    its context, weights, overhead, LoRA slots (`slots` bytes) and KV cache; returns (terms, KV
+    capacity in tokens)."""
     weights = arch.params() * b
-    kv = total - weights - VLLM_OVERHEAD_GB * GB
+    fixed = [Term("vLLM CUDA context + non-torch memory", VLLM_CONTEXT_GB * GB, "assumed"),
+             Term("vLLM weights", weights, f"{count(arch.params())} x {b} B"),
+             Term("vLLM activations + CUDA graphs", VLLM_OVERHEAD_GB * GB, "assumed"),
+             Term("vLLM LoRA slots", slots, "--max-loras x --max-lora-rank adapters")]  # fmt: skip
+    kv = share * gpu_bytes - total(fixed)
     tokens = max(kv, 0) / kv_bytes_per_token(arch, b)
-    return [Term("vLLM weights", weights, f"{count(arch.params())} x {b} B"),
-            Term("vLLM activations + CUDA graphs", VLLM_OVERHEAD_GB * GB, "assumed"),
-            Term("vLLM KV cache", max(kv, 0.0),
-                 f"{share:.2f} x {gpu_bytes / GB:.0f} GB - the above = {tokens:,.0f} tokens")], tokens  # fmt: skip
+    return fixed + [Term("vLLM KV cache", max(kv, 0.0),
+                         f"{share:.2f} x {gpu_bytes / GB:.1f} GB - the above = {tokens:,.0f} tokens")], tokens  # fmt: skip
+
+
+def vllm_asleep_terms(slots: float) -> list[Term]:
+    """What a level-1 sleep leaves on the GPU: vLLM offloads its weights to CPU memory and
+    discards the KV cache; its context stays, and the LoRA slots are counted as staying."""
+    return [Term("vLLM asleep: CUDA context + non-torch memory", VLLM_CONTEXT_GB * GB, "assumed"),
+            Term("vLLM asleep: LoRA slots", slots, "counted as kept")]  # fmt: skip
 
 
 def total(terms: list[Term]) -> float:
     return sum(t.bytes for t in terms)
 
 
-def largest_tokens(arch: Arch, b: int, checkpointing: bool, share: float, room: float) -> int:
+def largest_tokens(arch: Arch, b: int, checkpointing: bool, share: float, room: float,
+                   layer: Layer) -> int:  # fmt: skip
     """The most tokens per micro-batch whose update fits in `room` bytes (a sampled share of
     `share`), including the allocator slack on them; 0 if none."""
-    per_token = (
-        total(update_terms(arch, 1, 0, b, checkpointing)) + share * arch.vocab * LOGITS_BYTES
-    )
+    per_token = total(update_terms(arch, 10**6, int(share * 10**6), b, checkpointing, layer)) / 1e6
     return max(0, int(room / (per_token * (1 + ALLOCATOR_SLACK))))

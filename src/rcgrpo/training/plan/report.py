@@ -44,10 +44,16 @@ class Plan:
     timing: list[str] = field(default_factory=list)
 
 
-def _trainer(arch, b, lora_params, gpus, reference, tokens, sampled, ckpt):
+def _trainer(arch, b, lora_params, gpus, reference, tokens, sampled, ckpt, layer):
     terms = M.static_terms(arch, b, lora_params, gpus, reference)
-    terms += M.update_terms(arch, tokens, sampled, b, ckpt)
-    return terms + M.process_terms(M.total(terms))
+    terms += M.update_terms(arch, tokens, sampled, b, ckpt, layer)
+    return terms + M.process_terms(M.total(terms), gpus)
+
+
+def _idle(arch, b, lora_params, gpus, reference):
+    """The trainer between updates with its allocator cache emptied (what vLLM wakes beside)."""
+    terms = M.static_terms(arch, b, lora_params, gpus, reference)
+    return terms + M.process_terms(M.total(terms), gpus)
 
 
 def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb: float,
@@ -55,9 +61,13 @@ def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb
     """model/rollout/rl/sft: the resolved ModelConfig, RolloutConfig, RLConfig and the SFTConfig
     of the fine-tuning `stage` ("rctp" | "sft")."""
     from rcgrpo.models.profiles import LORA_TARGETS, PROFILES
+    from rcgrpo.rollout.colocate import sleep_mode
+    from rcgrpo.training.plan.measure import COMMAND, cuda_dtype, recorded
 
     profile = PROFILES[model.profile]
-    arch, b, room = C.architecture(model.profile), M.dtype_bytes(model.dtype), gpu_gb * C.GB
+    dtype = cuda_dtype(model.profile) if model.dtype == "auto" else model.dtype
+    arch, b, room = C.architecture(model.profile), M.dtype_bytes(dtype), gpu_gb * C.PHYSICAL_PER_GB
+    layer = M.measured_layer(model.profile, dtype)
     lora = profile.lora if model.lora is None else model.lora
     targets = tuple(model.lora_target_modules) or LORA_TARGETS["qwen2"]
     lora_params = arch.lora_params(model.lora_r, targets) if lora else 0
@@ -66,68 +76,73 @@ def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb
     longest = (rollout.max_total_tokens or profile.max_total_tokens) + (
         rollout.max_new_tokens or profile.max_new_tokens
     )
+    compute = ("LoRA in bf16 under autocast, fp32 master weights and AdamW states"
+               if lora and dtype != "float32" else f"{dtype} compute")  # fmt: skip
     plan = Plan([
-        f"{model.profile}: {arch.params() / 1e9:.2f}B params ({arch.source}), {model.dtype}, "
+        f"{model.profile}: {arch.params() / 1e9:.2f}B params ({arch.source}), {dtype}, "
         + (f"LoRA r={model.lora_r} ({lora_params / 1e6:.1f}M)" if lora else "full fine-tune")
         + f", gradient checkpointing {'on' if ckpt else 'off'}, attention {model.attention}",
-        f"{gpus} x {gpu.name} at {gpu_gb:g} GB ({gpu.source})",
+        f"{compute}; per layer and token (measured by `{COMMAND}`, {recorded()['date']}): "
+        f"saved {layer.saved / 1e3:.1f} kB, forward + backward peak {layer.peak / 1e3:.1f} kB",
+        f"{gpus} x {gpu.name} at {gpu_gb:g} GB = {room / C.GB:.1f} GB physical ({gpu.source})",
         f"one training process per GPU, each with its own {rollout.engine} rollout engine",
     ], room)  # fmt: skip
+    usable = room * (1 - C.HEADROOM)
 
     # fine-tuning: the whole GPU, no engine
     ft_len = sft.max_len or profile.sft_max_len
     ft_tok = max(sft.max_tokens_per_micro_batch, ft_len) if sft.max_tokens_per_micro_batch else (
         sft.micro_batch_size * ft_len)  # fmt: skip
-    ft = _trainer(arch, b, lora_params, gpus, False, ft_tok, math.ceil(share * ft_tok), ckpt)
+    ft = _trainer(arch, b, lora_params, gpus, False, ft_tok, math.ceil(share * ft_tok), ckpt, layer)
     ft_problems: list[str] = []
     plan.phases.append(Phase(f"{stage} update: micro-batch of {ft_tok:,} tokens "
                              f"({stage}.max_tokens_per_micro_batch {sft.max_tokens_per_micro_batch:,}, "
                              f"longest example {ft_len:,})", ft))  # fmt: skip
-    static = M.total(M.static_terms(arch, b, lora_params, gpus, True)) + C.CUDA_CONTEXT_GB * C.GB
-    if M.total(ft) > room:
-        fit = M.largest_tokens(arch, b, ckpt, share, room - static)
+    idle = _idle(arch, b, lora_params, gpus, True)
+    if M.total(ft) > usable:
+        fit = M.largest_tokens(arch, b, ckpt, share, usable - M.total(idle), layer)
         ft_problems.append(f"{stage}: a {ft_tok:,}-token micro-batch needs "
-                             f"{M.total(ft) / C.GB:.0f} GB per GPU, {gpu_gb:g} GB available: "
-                             + _lower(f"{stage}.max_tokens_per_micro_batch", f"{stage}.max_len",
-                                      ft_len, fit))  # fmt: skip
+                           f"{M.total(ft) / C.GB:.0f} GB per GPU, {usable / C.GB:.1f} GB usable "
+                           f"({C.HEADROOM:.0%} headroom): "
+                           + _lower(f"{stage}.max_tokens_per_micro_batch", f"{stage}.max_len",
+                                    ft_len, fit))  # fmt: skip
 
-    # RL: the update beside the engine
+    # RL: rollouts and the update, vLLM asleep during the update in sleep mode
     budget = rl.max_tokens_per_micro_batch
     rl_tok = max(budget, longest) if budget else rl.micro_batch_size * longest
     ref = rl.kl_coef > 0
-    upd = _trainer(arch, b, lora_params, gpus, ref, rl_tok, math.ceil(share * rl_tok), ckpt)
-    trainer, kv_tok, vterms = M.total(upd), 0.0, []
-    if rollout.engine == "vllm":
-        vterms, kv_tok = M.vllm_terms(arch, b, rollout.vllm_gpu_memory_utilization, room)
-    plan.phases.append(Phase(f"rl update: micro-batch of {rl_tok:,} tokens "
-                             f"(rl.max_tokens_per_micro_batch {budget:,}, longest episode "
-                             f"{longest:,})", upd + vterms))  # fmt: skip
+    upd = _trainer(arch, b, lora_params, gpus, ref, rl_tok, math.ceil(share * rl_tok), ckpt, layer)
+    idle = _idle(arch, b, lora_params, gpus, ref)
+    title = (f"micro-batch of {rl_tok:,} tokens (rl.max_tokens_per_micro_batch {budget:,}, "
+             f"longest episode {longest:,})")  # fmt: skip
     episodes = rl.tasks_per_step * rl.group_size
+    kv_tok = 0.0
+    beside = []  # what stays on the GPU beside the update
     if rollout.engine == "vllm":
-        need = (
-            arch.params() * b + C.VLLM_OVERHEAD_GB * C.GB + longest * M.kv_bytes_per_token(arch, b)
-        )
-        u_max = (room - trainer) / room
-        if trainer + need > room:
-            # the episode cap moves both the update's micro-batch and vLLM's one-episode KV
-            kv, fit = M.kv_bytes_per_token(arch, b), 0
-            per = M.largest_tokens(arch, b, ckpt, share, 1e9) / 1e9  # tokens per byte
-            fixed = static + arch.params() * b + C.VLLM_OVERHEAD_GB * C.GB
-            fit = int((room - fixed) / (1 / per + kv)) if room > fixed else 0
-            plan.problems.append(f"rl: the update ({trainer / C.GB:.0f} GB) and vLLM (>= "
-                                 f"{need / C.GB:.0f} GB: weights + one {longest:,}-token episode "
-                                 f"of KV) do not fit together in {gpu_gb:g} GB: "
-                                 + _lower("rl.max_tokens_per_micro_batch",
-                                          "rollout.max_total_tokens + max_new_tokens", longest, fit))  # fmt: skip
-        elif trainer + rollout.vllm_gpu_memory_utilization * room > room:
+        rank = rollout.vllm_max_lora_rank or model.lora_r
+        slots = 2 * arch.lora_params(rank, targets) * b if lora else 0.0  # --max-loras 2
+        awake, kv_tok = M.vllm_terms(arch, b, rollout.vllm_gpu_memory_utilization, room, slots)
+        if sleep_mode(rollout, model.profile, on_cuda=True):
+            plan.phases.append(Phase("rl rollouts: vLLM awake, trainer cache empty", idle + awake))
+            beside = M.vllm_asleep_terms(slots)
+            plan.phases.append(Phase(f"rl update, vLLM asleep: {title}", upd + beside))
+        else:
+            beside = awake
+            plan.phases.append(Phase(f"rl update beside a resident vLLM: {title}", upd + awake))
+        roll_bytes = M.total(idle) + rollout.vllm_gpu_memory_utilization * room
+        u_max = math.floor((usable - M.total(idle)) / room * 100) / 100
+        u_min = (
+            M.total(awake) - M.total(awake[-1:]) + longest * M.kv_bytes_per_token(arch, b)
+        ) / room
+        if roll_bytes > usable:
             plan.problems.append(
-                f"rl: set rollout.vllm_gpu_memory_utilization <= {math.floor(u_max * 100) / 100:.2f}"
-                f" (now {rollout.vllm_gpu_memory_utilization}): the update needs "
-                f"{trainer / C.GB:.0f} GB of {gpu_gb:g} GB"
+                f"rl: set rollout.vllm_gpu_memory_utilization <= {u_max:.2f} (now "
+                f"{rollout.vllm_gpu_memory_utilization}): the rollouts phase leaves less than "
+                f"{C.HEADROOM:.0%} headroom beside the idle trainer"
             )
         elif kv_tok < longest:
             plan.problems.append(
-                f"rl: raise rollout.vllm_gpu_memory_utilization to >= {need / room + 0.005:.2f} "
+                f"rl: raise rollout.vllm_gpu_memory_utilization to >= {u_min + 0.005:.2f} "
                 f"(<= {u_max:.2f}): its KV cache holds {kv_tok:,.0f} tokens, one episode needs "
                 f"{longest:,}"
             )
@@ -143,15 +158,20 @@ def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb
             M.Term("generate's static cache", rollout.max_batch * longest * kv,
                    f"{rollout.max_batch} rows x {longest:,} tok x {kv / 1e3:.0f} kB")]  # fmt: skip
         plan.phases.append(Phase("rl rollouts (transformers engine)", roll))
-        if M.total(roll) > room:
+        plan.phases.append(Phase(f"rl update: {title}", upd))
+        if M.total(roll) > usable:
             plan.problems.append(
                 f"rl: the transformers engine keeps {held / C.GB:.0f} GB of KV per GPU in the "
                 "trainer: set rollout.engine=vllm (paged KV, shared prefixes)"
             )
-    if trainer > room and not any(p.startswith("rl:") for p in plan.problems):
-        fit = M.largest_tokens(arch, b, ckpt, share, room - static)
-        plan.problems.append(f"rl: a {rl_tok:,}-token micro-batch needs {trainer / C.GB:.0f} GB "
-                             f"per GPU, {gpu_gb:g} GB available: "
+    need = M.total(upd) + M.total(beside)
+    if need > usable and not any(p.startswith("rl:") for p in plan.problems):
+        fit = M.largest_tokens(
+            arch, b, ckpt, share, usable - M.total(idle) - M.total(beside), layer
+        )
+        plan.problems.append(f"rl: a {rl_tok:,}-token micro-batch needs {need / C.GB:.0f} GB "
+                             f"per GPU with what stays beside it, {usable / C.GB:.1f} GB usable "
+                             f"({C.HEADROOM:.0%} headroom): "
                              + _lower("rl.max_tokens_per_micro_batch",
                                       "rollout.max_total_tokens + max_new_tokens", longest, fit))  # fmt: skip
     plan.problems += ft_problems  # after RL's: RL sets the memory of the run
@@ -212,7 +232,11 @@ def check(plan: Plan) -> None:
 CONSTANTS = [
     ("sampled share of a micro-batch", lambda: f"{C.SAMPLED_SHARE:.3f}", C.SAMPLED_SOURCE),
     ("logits bytes per (position, row)", lambda: f"{C.LOGITS_BYTES}", C.LOGITS_SOURCE),
+    ("physical bytes per marketed GB", lambda: f"{C.PHYSICAL_PER_GB / C.GB:.3f} GB", C.PHYSICAL_SOURCE),
+    ("headroom kept in every phase", lambda: f"{C.HEADROOM:.0%}", "vLLM alone keeps 10 %"),
     ("CUDA context per process", lambda: f"{C.CUDA_CONTEXT_GB} GB", "assumed"),
+    ("vLLM context + non-torch memory", lambda: f"{C.VLLM_CONTEXT_GB} GB", "assumed"),
+    ("NCCL buffers per trainer (> 1 GPU)", lambda: f"{C.NCCL_GB} GB", "assumed"),
     ("allocator slack", lambda: f"{C.ALLOCATOR_SLACK:.0%}", "assumed"),
     ("vLLM activations + CUDA graphs", lambda: f"{C.VLLM_OVERHEAD_GB} GB", "assumed"),
     ("decode bandwidth efficiency", lambda: f"{C.BANDWIDTH_EFF}", "assumed (copies: 0.9 measured)"),
@@ -228,13 +252,14 @@ CONSTANTS = [
 
 def render(plan: Plan, mfu: float = C.MFU) -> str:
     out = ["rcgrpo plan", *("  " + h for h in plan.head), ""]
-    out.append(f"memory per GPU (GB; {plan.gpu_bytes / C.GB:g} GB each)")
+    out.append(f"memory per GPU (GB = 1e9 B; {plan.gpu_bytes / C.GB:.1f} GB physical each)")
     for phase in plan.phases:
         out.append(f"  {phase.title}")
         for t in phase.terms:
-            out.append(f"    {t.name:<52} {t.bytes / C.GB:8.2f}   {t.formula}")
-        verdict = "fits" if phase.bytes <= plan.gpu_bytes else "DOES NOT FIT"
-        out.append(f"    {'total':<52} {phase.bytes / C.GB:8.2f}   {verdict}")
+            out.append(f"    {t.name:<56} {t.bytes / C.GB:8.2f}   {t.formula}")
+        free = 1 - phase.bytes / plan.gpu_bytes
+        verdict = "fits" if free >= C.HEADROOM else f"DOES NOT FIT (headroom >= {C.HEADROOM:.0%})"
+        out.append(f"    {'total':<56} {phase.bytes / C.GB:8.2f}   headroom {free:.1%}: {verdict}")
     if plan.timing:
         out += ["", "time per RL step (estimate)", *plan.timing]
     out += ["", "constants (rcgrpo/training/plan/constants.py)",
