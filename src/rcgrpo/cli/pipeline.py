@@ -72,6 +72,7 @@ def run(
     procs: int = typer.Option(
         1, help="processes per training stage, one per GPU, started with torchrun (1 = this one)"
     ),
+    allow_cpu: bool = typer.Option(False, help="run a hub profile, --procs > 1 or vLLM on the CPU"),
 ) -> None:
     """Run the whole pipeline; prints where the results and the UIs are."""
     _enter_project()
@@ -79,6 +80,11 @@ def run(
     chosen = [s.strip() for s in stages.split(",") if s.strip()] or None
     _data_dir_first(overrides, chosen, preset)  # before prefect, mlflow, torch are imported
     _export_procs(procs)
+    from rcgrpo.cli.doctor import refuse_cpu_run  # a GPU-sized run on the CPU: one line, now
+
+    refuse_cpu_run(
+        preset, set_ + [f"model.profile={profile}"] * bool(profile), "", procs, allow_cpu
+    )
     from flows.pipeline import pipeline_flow, plan_run
     from rcgrpo.config import ConfigError, export_process_sets
 
@@ -90,11 +96,13 @@ def run(
         raise
     except ValueError as e:  # an unknown preset, variant or stage
         raise ConfigError(f"rcgrpo run: {e}") from None
+    from rcgrpo.models.serving import served_bases
     from rcgrpo.servers import prefect_for_flows
 
     started = time.monotonic()
     with contextlib.ExitStack() as stack:  # a Prefect server of its own stops with the command
         api = prefect_for_flows(stack)
+        stack.enter_context(served_bases(f"outputs/served-{os.getpid()}"))  # one per run
         try:
             out = pipeline_flow(overrides, chosen, variant or None, register_name,
                                 preset=preset or None)  # fmt: skip

@@ -44,11 +44,17 @@ def train(
     model_set: list[str] = typer.Option([], "--model-set", help="override a model: field"),
     resume: bool = typer.Option(False, help="continue from the last checkpoint in out_dir"),
     params: Path | None = typer.Option(None, help="params.yaml to read (default: the checkout's)"),
+    allow_cpu: bool = typer.Option(False, help="train a hub profile or with vLLM on the CPU"),
 ) -> None:
     """Train one stage; metrics go to <out_dir>/metrics.jsonl (and MLflow via rcgrpo.tracking.runs)."""
     if stage not in ("rctp", "sft", "rl"):
         raise typer.BadParameter("stage must be rctp, sft or rl", param_hint="STAGE")
     model_cfg = _model_cfg(params, model_set)
+    from rcgrpo.cli.doctor import refuse_cpu
+    from rcgrpo.rollout.engine import RolloutConfig
+
+    engine = _section("rollout", RolloutConfig, [], params).engine if stage == "rl" else "hf"
+    refuse_cpu(f"rcgrpo train {stage}", model_cfg.profile, engine, 1, allow_cpu)
     if stage in ("rctp", "sft"):
         from rcgrpo.training.sft import SFTConfig, run_sft
 

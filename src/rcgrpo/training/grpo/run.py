@@ -94,7 +94,8 @@ def run_rl(
     trainer.out.mkdir(parents=True, exist_ok=True)
     (trainer.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
     (trainer.out / "tasks.json").write_text(json.dumps([t.id for t in tasks], indent=1))
-    trainer.train(resume=resume)
+    with engine:  # its servers stop when training ends, however it ends
+        trainer.train(resume=resume)
     if not distributed.is_main():  # under `accelerate launch` rank 0 saves (same weights)
         return trainer.out / "final"
     training = {"stage": "rl", "protocol": cfg.protocol, "init": cfg.init,
