@@ -124,11 +124,13 @@ def fit(stage: str, cfg, model_cfg, rollout_cfg, run_id: str, traces_cfg=None) -
 
         if stage == "rl":
             from rcgrpo.rollout.execution import ExecutionConfig, session
-            from rcgrpo.training.grpo.run import run_rl
+            from rcgrpo.training.grpo.run import rl_tags, run_rl
 
             tracer, hook = rl_tracer(run_id, cfg, traces_cfg)
             with session(load_section("execution", ExecutionConfig)) as backend:
-                tracking.set_tags(run_id, backend.tags())  # the Ray job of the rollouts
+                tracking.set_tags(
+                    run_id, backend.tags() | rl_tags(cfg, model_cfg)
+                )  # Ray job, what trains
                 final = run_rl(cfg, model_cfg, rollout_cfg, log_metrics=log, backend=backend,
                                on_rollouts=hook)  # fmt: skip
             if tracer is not None:
@@ -211,7 +213,7 @@ def run_launched(spec_path: str) -> None:
     if stage == "rl":
         from rcgrpo.rollout.engine import RolloutConfig
         from rcgrpo.rollout.execution import ExecutionConfig, session
-        from rcgrpo.training.grpo.run import run_rl
+        from rcgrpo.training.grpo.run import rl_tags, run_rl
 
         rollout_cfg = build(RolloutConfig, spec["rollout"], f"{spec_path}:rollout")
         tracer, hook = (
@@ -219,7 +221,7 @@ def run_launched(spec_path: str) -> None:
         )
         with session(load_section("execution", ExecutionConfig)) as backend:
             if distributed.is_main():
-                tracking.set_tags(run_id, backend.tags())
+                tracking.set_tags(run_id, backend.tags() | rl_tags(cfg, model_cfg))
             run_rl(cfg, model_cfg, rollout_cfg, log_metrics=log, backend=backend, on_rollouts=hook)
         if tracer is not None:
             tracking.log_metrics(run_id, tracer.metrics(), cfg.steps)

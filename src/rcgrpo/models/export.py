@@ -59,8 +59,9 @@ def export_for_serving(policy: Policy, folder: str | Path) -> Path:
             emb = base.get_input_embeddings().weight
             ids = list(policy.reward_token_ids.values())
             emb[ids] = rows
-            if (head := head_rows(policy)) is not None:
-                base.get_output_embeddings().weight[ids] = head.to(base.dtype)
+            out = base.get_output_embeddings().weight
+            if (head := head_rows(policy)) is not None and out.data_ptr() != emb.data_ptr():
+                out[ids] = head.to(base.dtype)
         base.save_pretrained(folder)
     else:
         policy.model.save_pretrained(folder)

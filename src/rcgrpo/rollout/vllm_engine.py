@@ -48,22 +48,13 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rcgrpo.models.lora import freeze_reward_rows
 from rcgrpo.rollout.engine import Engine, RolloutConfig, Sample
 from rcgrpo.rollout.router import Router, visible_gpus
 from rcgrpo.rollout.scheduler import Clock, DirectClient
 from rcgrpo.rollout.vllm_server import VLLMServer, cuda, gpu_of
 
 BASE_NAME = "base"  # --served-model-name of the exported base weights
-
-
-def freeze_reward_rows(policy) -> int:
-    """requires_grad off for peft's trainable-token deltas (the reward-token rows); how many."""
-    frozen = 0
-    for name, p in policy.model.named_parameters():
-        if "trainable_tokens" in name and p.requires_grad:
-            p.requires_grad_(False)
-            frozen += 1
-    return frozen
 
 
 def on_all(servers, fn) -> list:

@@ -38,6 +38,8 @@ class RLConfig:
     # (rcgrpo.training.batching; `rcgrpo plan` gives the largest that fits a GPU)
     max_tokens_per_micro_batch: int = ranged(0, "[0, inf)")  # 0 = by count, micro_batch_size
     lr: float = ranged(1e-6, "(0, 1]")  # AdamW learning rate (paper: 1e-6), constant after warmup
+    # AdamW learning rate of a LoRA policy; 0 = lr (the paper preset: 10x lr, docs/gpu-setup.md)
+    lr_lora: float = ranged(0.0, "[0, 1]")
     # linear warmup, in RL steps (the lr changes once per RL step)
     warmup_steps: int = ranged(0, "[0, inf)")
     grad_clip: float = ranged(1.0, "[0, inf)")  # max global grad norm (0 = off)

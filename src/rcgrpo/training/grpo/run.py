@@ -38,6 +38,18 @@ def write_summary(out: Path) -> dict:
     return summary
 
 
+def rl_tags(cfg: RLConfig, model_cfg) -> dict[str, str]:
+    """The RL run's tags for what trains: the mode, its learning rate, and the reward-token
+    rows (frozen in RL under every engine: the same trainable set with hf and vllm; they train
+    in fine-tuning, RCTP-FT, where they get their meaning)."""
+    from rcgrpo.models.profiles import PROFILES
+    from rcgrpo.training.optim import learning_rate
+
+    lora = PROFILES[model_cfg.profile].lora if model_cfg.lora is None else model_cfg.lora
+    return {"rl.training_mode": "lora" if lora else "full", "rl.reward_rows": "frozen",
+            "rl.lr_used": f"{learning_rate(cfg, lora):g}"}  # fmt: skip
+
+
 def run_rl(
     cfg: RLConfig,
     model_cfg,
@@ -51,6 +63,7 @@ def run_rl(
     """Load the initial policy (cfg.start_path), train on the RL tasks, save <out_dir>/final.
     on_rollouts: the Trainer's per-step rollout callback (episode traces), or None."""
     from rcgrpo.models.loading import load_policy, save_policy
+    from rcgrpo.models.lora import freeze_reward_rows
     from rcgrpo.rollout.engine import RolloutConfig
     from rcgrpo.rollout.execution import make_engine
     from rcgrpo.training import distributed
@@ -78,6 +91,7 @@ def run_rl(
     # rank then owns its engine on that device (its own vLLM server pinned to it)
     device = distributed.local_device(model_cfg.device)
     policy = load_policy(dataclasses.replace(model_cfg, device=device), adapter_path=start)
+    freeze_reward_rows(policy)  # under every engine: see rl_tags
     engine = make_engine(rollout_cfg, policy, device=policy.config.device)
     if backend is not None:  # rcgrpo.rollout.execution: the same shards (whole groups)
         if distributed.launched() and backend.ray is not None:
