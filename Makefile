@@ -15,7 +15,7 @@ export DVC_NO_ANALYTICS := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 
-.PHONY: run test install lint vllm-venv
+.PHONY: run test install lint vllm-venv gpu
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,22 @@ lint: $(STAMP)
 # the engine calls the same script on first use. The test suite runs the vLLM parity tests on it.
 vllm-venv:
 	scripts/vllm_venv.sh .venv-vllm
+
+# A GPU host (docs/gpu-setup.md): torch from PyTorch's CUDA index, named explicitly (PyPI's own
+# wheel is whatever CUDA it was built with), the package, the vLLM venv (vllm 0.32.0 with its own
+# CUDA torch), flash-attn only with FLASH_ATTN=1 (it compiles against the installed torch), then
+# `rcgrpo doctor` prints what was got. CUDA=cu128 needs an NVIDIA driver >= 570.26.
+CUDA ?= cu128
+TORCH ?= 2.13.0
+gpu:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==$(TORCH) --index-url https://download.pytorch.org/whl/$(CUDA)
+	$(PY) -m pip install -q -e ".[dev]"
+	if [ "$(FLASH_ATTN)" = 1 ]; then $(PY) -m pip install -q flash-attn --no-build-isolation; fi
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
+	scripts/vllm_venv.sh .venv-vllm
+	$(VENV)/bin/rcgrpo doctor
 
 test: lint vllm-venv
 	$(VENV)/bin/pytest

@@ -59,7 +59,7 @@ def cpu_split(engine) -> tuple[float, float]:
 
     workers = {s.pid() for s in [*engine.tools._sandboxes, sandbox.default()] if s.pid()}
     client = cpu_seconds(set(), {os.getpid(), *workers})
-    return client, cpu_seconds({s.proc.pid for s in engine.servers}, set())
+    return client, cpu_seconds({s.server_pid() for s in engine.servers}, set())
 
 
 def bench_tasks(n: int) -> list:

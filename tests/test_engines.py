@@ -265,9 +265,9 @@ def vllm_engine(lora_policy):
     cfg = RolloutConfig(**{**VLLM_CFG.__dict__, "engine": "vllm", "vllm_max_lora_rank": 8})
     engine = make_engine(cfg, lora_policy)
     yield engine
-    pgid = engine.server.proc.pid
+    groups = (engine.server.proc.pid, engine.server.server_pid())  # its guard, the server
     engine.close()
-    assert group_alive(pgid) == []  # the whole process group is gone: no orphans
+    assert all(group_alive(g) == [] for g in groups)  # both process groups gone: no orphans
 
 
 def _greedy_hf(policy, tasks):

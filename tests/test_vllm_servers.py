@@ -77,9 +77,9 @@ def two(policy, tmp_path_factory):
         os.chdir(cwd)
     engine.planted_marker = marker
     yield engine
-    groups = [s.proc.pid for s in engine.servers]
+    groups = [g for s in engine.servers for g in (s.proc.pid, s.server_pid())]  # guard, server
     engine.close()
-    assert all(group_alive(g) == [] for g in groups)  # both process groups gone
+    assert all(group_alive(g) == [] for g in groups)  # every process group gone
 
 
 def test_greedy_async_equals_lockstep_and_one_server_equals_two(policy, tasks, one_server, two):
@@ -184,7 +184,8 @@ def test_a_module_planted_in_the_working_directory_does_not_run(two):
     `python -P` and the server's private working folder keep it from being imported."""
     assert not two.planted_marker.exists()
     for server in two.servers:
-        cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_text().split("\0")
+        pid = server.server_pid()  # the API server under its parent-death guard
+        cmdline = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
         assert cmdline[1:4] == ["-P", "-m", "vllm.entrypoints.openai.api_server"]
-        assert os.readlink(f"/proc/{server.proc.pid}/cwd") == str(server.home)
+        assert os.readlink(f"/proc/{pid}/cwd") == str(server.home)
         assert (server.home.stat().st_mode & 0o777) == 0o700

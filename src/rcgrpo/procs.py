@@ -12,8 +12,10 @@ A server started by `rcgrpo` (the two UIs of `rcgrpo ui`, the Prefect API server
     to the whole group and SIGKILL after `--grace` seconds (a uvicorn that waits for a
     browser's open websocket would hold the port much longer), then exits.
 
-PR_SET_PDEATHSIG fires when the *thread* that forked the guard exits: start guarded processes
-from the main thread. `port_owner(port)` names the process listening on a TCP port (from
+PR_SET_PDEATHSIG fires when the *thread* that forked the guard exits, so `guarded` called from
+another thread (a Prefect task's worker thread) asks the guard to rely on the getppid() poll
+alone. A caller whose child must not see the project's sys.path (the vLLM server, which runs
+another venv) starts the guard as a file (`module=False`): it imports only the standard library. `port_owner(port)` names the process listening on a TCP port (from
 /proc/net/tcp and /proc/<pid>/fd), for a one-line "port 4200 is taken by pid ..." error.
 
     argv = guarded(["mlflow", "ui", ...])        # Popen(argv, start_new_session=True)
@@ -34,11 +36,16 @@ from pathlib import Path
 GRACE_S = 5.0  # SIGTERM -> SIGKILL: ports are free within ~6 s of a stop
 
 
-def guarded(cmd: list[str], grace: float = GRACE_S) -> list[str]:
+def guarded(cmd: list[str], grace: float = GRACE_S, module: bool = True) -> list[str]:
     """argv that runs `cmd` under the guard, watching this process (see the module doc).
-    `-P`: the working directory is not put on the guard's sys.path."""
-    return [sys.executable, "-P", "-m", "rcgrpo.procs", "--ppid", str(os.getpid()),
-            "--grace", str(grace), "--", *cmd]  # fmt: skip
+    `-P`: the working directory is not put on the guard's sys.path. module=False: the guard
+    runs as this file, so it needs no PYTHONPATH (the child inherits the environment as given)."""
+    import threading
+
+    guard = ["-m", "rcgrpo.procs"] if module else [str(Path(__file__).resolve())]
+    poll = [] if threading.current_thread() is threading.main_thread() else ["--poll-only"]
+    return [sys.executable, "-P", *guard, "--ppid", str(os.getpid()), "--grace", str(grace),
+            *poll, "--", *cmd]  # fmt: skip
 
 
 def child_env(env: dict | None = None) -> dict:
@@ -95,7 +102,8 @@ def guard_main(argv: list[str]) -> int:
     ppid = int(argv[argv.index("--ppid") + 1])
     grace = float(argv[argv.index("--grace") + 1])
     cmd = argv[argv.index("--") + 1 :]
-    set_parent_death_signal()
+    if "--poll-only" not in argv[: argv.index("--")]:
+        set_parent_death_signal()
     if os.getppid() != ppid:  # the caller died before the prctl took effect
         return 1
     stopping: list[int] = []

@@ -26,7 +26,7 @@ import sys
 
 import typer
 
-from rcgrpo.cli import config, env, pipeline, plan, train
+from rcgrpo.cli import config, doctor, env, pipeline, plan, train
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -44,6 +44,7 @@ app.command("compare")(train.compare)
 app.command("ui")(pipeline.ui)
 app.command("schedule")(pipeline.schedule)
 app.command("plan")(plan.plan)
+app.command("doctor")(doctor.doctor)
 app.add_typer(env.app, name="env")
 app.add_typer(config.app, name="config")
 

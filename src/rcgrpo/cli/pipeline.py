@@ -80,17 +80,23 @@ def run(
         1, help="processes per training stage, one per GPU, started with torchrun (1 = this one)"
     ),
     project: str = typer.Option("", help=PROJECT_HELP),
+    allow_cpu: bool = typer.Option(False, help="run a hub profile, --procs > 1 or vLLM on the CPU"),
 ) -> None:
     """Run the whole pipeline; prints where the results and the UIs are."""
     _enter_project(project)
     rc = _resolve(set_, stages, variant, preset, profile, procs)  # before prefect, mlflow, torch
+    from rcgrpo.cli.doctor import refuse_cpu  # a GPU-sized run on the CPU: one line, now
+
+    refuse_cpu("rcgrpo run", rc.model.profile, rc.rollout.engine, procs, allow_cpu)
     from flows.pipeline import pipeline_flow
     from rcgrpo.config import ConfigError
+    from rcgrpo.models.serving import served_bases
     from rcgrpo.servers import prefect_for_flows
 
     started = time.monotonic()
     with contextlib.ExitStack() as stack:  # a Prefect server of its own stops with the command
         api = prefect_for_flows(stack)
+        stack.enter_context(served_bases(f"outputs/served-{os.getpid()}"))  # one per run
         try:
             out = pipeline_flow(rc, register_name)
         except (ConfigError, ValueError) as e:

@@ -59,6 +59,7 @@ def train(
     procs: int = typer.Option(1, help="processes (GPUs), started with torchrun; 1 = this one"),
     resume: bool = typer.Option(False, help="continue from the last checkpoint in out_dir"),
     params: Path | None = typer.Option(None, help="params.yaml to read (default: the checkout's)"),
+    allow_cpu: bool = typer.Option(False, help="train a hub profile or with vLLM on the CPU"),
 ) -> None:
     """Train one stage, logging every step to MLflow; the model goes to <out_dir>/final."""
     from rcgrpo.config import ConfigError, parse_sets
@@ -75,6 +76,10 @@ def train(
         sets = parse_sets(pairs, sectioned=True, path=params, together=False)
         stages = ("finetune",) if stage != "rl" else ("rl",)
         rc = resolve(params, preset, variant, sets, stages=stages, procs=procs)
+    from rcgrpo.cli.doctor import refuse_cpu
+
+    engine = rc.rollout.engine if stage == "rl" else "hf"
+    refuse_cpu(f"rcgrpo train {stage}", rc.model.profile, engine, rc.plan.procs, allow_cpu)
     from rcgrpo.tracking.stage import run_stage
 
     final = run_stage(stage, rc, mlflow_run, resume=resume)

@@ -257,7 +257,7 @@ def run_eval(cfg: EvalConfig, model_cfg, model_path, rollout_cfg=None, log_metri
 
     from rcgrpo.models.loading import load_policy
     from rcgrpo.rollout.config import RolloutConfig
-    from rcgrpo.rollout.execution import make_engine
+    from rcgrpo.rollout.execution import RolloutSpec, make_engine
 
     cfg = resolve_protocol(cfg, model_path)
     tasks = eval_tasks(cfg)  # before loading the model: a bad task_file fails at once
@@ -267,8 +267,7 @@ def run_eval(cfg: EvalConfig, model_cfg, model_path, rollout_cfg=None, log_metri
     if backend is None:
         engine = make_engine(rollout_cfg, policy)
     else:
-        from rcgrpo.rollout.execution import RolloutSpec
-
         spec = RolloutSpec(model_cfg, str(model_path) if model_path else None, rollout_cfg)
         engine = backend.engine(policy, spec)
-    return evaluate(engine, cfg, log_metrics, tasks=tasks, on_rollouts=on_rollouts)
+    with engine:  # its servers stop before the next stage starts its own
+        return evaluate(engine, cfg, log_metrics, tasks=tasks, on_rollouts=on_rollouts)

@@ -24,10 +24,23 @@ def reward_rows(policy: Policy):
         return policy.model.get_input_embeddings()(ids).detach().cpu()
 
 
+def head_rows(policy: Policy):
+    """The LM-head rows of the reward tokens, (2, d), or None when the head is tied to the input
+    embedding (then reward_rows are both)."""
+    import torch
+
+    emb, out = policy.model.get_input_embeddings(), policy.model.get_output_embeddings()
+    if out is None or out.weight.data_ptr() == emb.weight.data_ptr():
+        return None
+    with torch.no_grad():
+        return out.weight[list(policy.reward_token_ids.values())].detach().cpu()
+
+
 def export_for_serving(policy: Policy, folder: str | Path) -> Path:
     """A plain transformers folder an inference server (vLLM) loads: the base weights with the
-    reward tokens registered and their rows set to the policy's current ones, the tokenizer, and
-    for a full fine-tune all trained weights. LoRA weights go separately (export_lora)."""
+    reward tokens registered and their rows (input embedding, and an untied LM head) set to the
+    policy's current ones, the tokenizer, and for a full fine-tune all trained weights. LoRA
+    weights go separately (export_lora)."""
     import torch
 
     folder = Path(folder)
@@ -44,8 +57,11 @@ def export_for_serving(policy: Policy, folder: str | Path) -> Path:
         with torch.no_grad():
             rows = reward_rows(policy).to(base.dtype)
             emb = base.get_input_embeddings().weight
-            for row, tid in zip(rows, policy.reward_token_ids.values(), strict=True):
-                emb[tid] = row
+            ids = list(policy.reward_token_ids.values())
+            emb[ids] = rows
+            out = base.get_output_embeddings().weight
+            if (head := head_rows(policy)) is not None and out.data_ptr() != emb.data_ptr():
+                out[ids] = head.to(base.dtype)
         base.save_pretrained(folder)
     else:
         policy.model.save_pretrained(folder)

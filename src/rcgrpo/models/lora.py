@@ -52,7 +52,7 @@ def add_reference_adapter(model) -> str:
 
     What trains is left as it was: peft's set_adapter marks every parameter of the adapter it
     activates trainable, which undid a freeze made before (the vLLM engine's frozen reward-token
-    rows, rollout/vllm_engine.freeze_reward_rows: they trained and the server restarted every
+    rows, freeze_reward_rows: they trained and the server restarted every
     step). So each existing parameter's requires_grad is restored after the switch."""
     import copy
 
@@ -119,3 +119,15 @@ def _autocast(model, dtype):
     device = next(model.parameters()).device.type
     with torch.autocast(device, dtype=dtype), disable_input_dtype_casting(model):
         yield
+
+
+def freeze_reward_rows(policy) -> int:
+    """requires_grad off for peft's trainable-token deltas (the reward-token rows); how many.
+    RL freezes them under every engine (training.grpo.run): one trainable set whatever serves
+    the rollouts (a vLLM server cannot take new rows through a LoRA adapter)."""
+    frozen = 0
+    for name, p in policy.model.named_parameters():
+        if "trainable_tokens" in name and p.requires_grad:
+            p.requires_grad_(False)
+            frozen += 1
+    return frozen

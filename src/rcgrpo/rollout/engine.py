@@ -78,6 +78,12 @@ class Engine:
         """Release what the engine holds beside the model (its tool workers; servers)."""
         self.tools.close()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def client(self, flight):
         """What the async scheduler sends each request to: a blocking, thread-safe callable
         (prompt, max_new, seed, episode) -> Sample with `finished(ids, episode)`, used as a

@@ -154,6 +154,17 @@ class ShardedEngine:
         self.weights, self.version = None, 0
         self.shard_stats: list[dict] = []  # Ray: each shard's engine metrics, last call
 
+    def close(self) -> None:
+        """Close the local engine (its servers, tool workers); Ray actors end with the session."""
+        if self.local is not None:
+            self.local.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @property
     def last_stats(self) -> dict:
         """The engine metrics of the last call (Ray: merged over its shards)."""

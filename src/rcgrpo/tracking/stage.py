@@ -87,12 +87,13 @@ def _train(stage: str, rc: RunConfig, run_id: str | None, resume: bool) -> Path:
 
         return Path(run_sft(cfg, rc.model, log_metrics=log, resume=resume))
     from rcgrpo.rollout.execution import session
-    from rcgrpo.training.grpo.run import run_rl
+    from rcgrpo.training.grpo.run import rl_tags, run_rl
 
     tracer, hook = rl_tracer(run_id, rc) if run_id else (None, None)
     with session(rc.execution) as backend:
         if run_id:
-            tracking.set_tags(run_id, backend.tags())  # the Ray job of the rollouts
+            # the Ray job of the rollouts; what trains (mode, learning rate, reward rows)
+            tracking.set_tags(run_id, backend.tags() | rl_tags(cfg, rc.model))
         final = run_rl(
             cfg,
             rc.model,

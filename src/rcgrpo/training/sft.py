@@ -36,6 +36,7 @@ import torch
 from rcgrpo.chat.record import HIGH, LOW, Trajectory
 from rcgrpo.fields import config_class, ranged, setting
 from rcgrpo.training.forward import with_training_attention
+from rcgrpo.training.optim import learning_rate
 
 LogMetrics = Callable[[dict, int], None]
 
@@ -50,6 +51,9 @@ class SFTConfig:
     data: str = setting("data/rctp/train.jsonl", "Trajectory JSONL (rcgrpo.chat.record)")
     out_dir: str = setting("outputs/rctp", "checkpoints/, final/ (the adapter or full model)")
     lr: float = ranged(1e-5, "(0, 1]", "AdamW peak learning rate (paper: 1e-5)")
+    lr_lora: float = ranged(
+        0.0, "[0, 1]", "AdamW peak learning rate of a LoRA policy; 0 = lr (paper preset: 10x lr)"
+    )
     batch_size: int = ranged(16, "[1, inf)", "sequences per optimizer step (paper: 16)")
     micro_batch_size: int = ranged(
         4, "[1, inf)", "sequences per forward pass; accumulation = batch / micro"
@@ -179,7 +183,8 @@ def train_sft(
     examples = fit(examples, cfg.max_len)
     torch.manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    lr = learning_rate(cfg, hasattr(model, "peft_config"))
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
     schedule = batch_schedule(len(examples), cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(len(schedule), cfg.warmup_ratio)

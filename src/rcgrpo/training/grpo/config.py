@@ -45,6 +45,9 @@ class RLConfig:
         "0 = by count",
     )
     lr: float = ranged(1e-6, "(0, 1]", "AdamW learning rate (paper: 1e-6), constant after warmup")
+    lr_lora: float = ranged(
+        0.0, "[0, 1]", "AdamW learning rate of a LoRA policy; 0 = lr (paper preset: 10x lr)"
+    )
     warmup_steps: int = ranged(0, "[0, inf)", "linear warmup, in RL steps (lr changes per step)")
     grad_clip: float = ranged(1.0, "[0, inf)", "max global grad norm (0 = off)")
     clip_eps: float = ranged(0.2, "(0, 1]", "PPO ratio clip (paper: 0.2)")

@@ -39,6 +39,18 @@ def write_summary(out: Path) -> dict:
     return summary
 
 
+def rl_tags(cfg: RLConfig, model_cfg) -> dict[str, str]:
+    """The RL run's tags for what trains: the mode, its learning rate, and the reward-token
+    rows (frozen in RL under every engine: the same trainable set with hf and vllm; they train
+    in fine-tuning, RCTP-FT, where they get their meaning)."""
+    from rcgrpo.models.profiles import PROFILES
+    from rcgrpo.training.optim import learning_rate
+
+    lora = PROFILES[model_cfg.profile].lora if model_cfg.lora is None else model_cfg.lora
+    return {"rl.training_mode": "lora" if lora else "full", "rl.reward_rows": "frozen",
+            "rl.lr_used": f"{learning_rate(cfg, lora):g}"}  # fmt: skip
+
+
 def run_rl(
     cfg: RLConfig,
     model_cfg,
@@ -52,6 +64,7 @@ def run_rl(
     """Load the initial policy (cfg.start_path), train on the RL tasks, save <out_dir>/final.
     on_rollouts: the Trainer's per-step rollout callback (episode traces), or None."""
     from rcgrpo.models.loading import load_policy, save_policy
+    from rcgrpo.models.lora import freeze_reward_rows
     from rcgrpo.rollout import colocate
     from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import make_engine
@@ -82,6 +95,7 @@ def run_rl(
     if rollout_cfg.engine == "vllm":  # expandable segments in the trainer, never in vLLM
         colocate.trainer_env()  # before CUDA's first allocation
     policy = load_policy(dataclasses.replace(model_cfg, device=device), adapter_path=start)
+    freeze_reward_rows(policy)  # under every engine: see rl_tags
     engine = make_engine(rollout_cfg, policy, device=policy.config.device)
     if backend is not None:  # rcgrpo.rollout.execution: the same shards (whole groups)
         if distributed.launched() and backend.ray is not None:
@@ -98,7 +112,8 @@ def run_rl(
     trainer.out.mkdir(parents=True, exist_ok=True)
     (trainer.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
     (trainer.out / "tasks.json").write_text(json.dumps([t.id for t in tasks], indent=1))
-    trainer.train(resume=resume)
+    with engine:  # its servers stop when training ends, however it ends
+        trainer.train(resume=resume)
     if not distributed.is_main():  # under `accelerate launch` rank 0 saves (same weights)
         return trainer.out / "final"
     training = {"stage": "rl", "protocol": cfg.protocol, "init": cfg.init,

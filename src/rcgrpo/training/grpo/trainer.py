@@ -40,6 +40,7 @@ from rcgrpo.training.grpo import rollouts, update
 from rcgrpo.training.grpo.config import RLConfig, step_seed
 from rcgrpo.training.grpo.core_algos import minibatch_indices
 from rcgrpo.training.grpo.metrics import step_metrics
+from rcgrpo.training.optim import learning_rate
 
 LogMetrics = Callable[[dict, int], None]
 
@@ -92,7 +93,8 @@ class Trainer:
             else:
                 self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=0.0)
+        lr = learning_rate(cfg, hasattr(self.model, "peft_config"))
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.0)
         warm = cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0

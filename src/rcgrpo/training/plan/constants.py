@@ -177,3 +177,11 @@ SYNC_S = 1.0
 # 16 x H100, 2,048 rollouts per step of 1,060 tokens on average (max 4,096), Megatron backend:
 # 1,562 tokens/s/GPU (tokens used in training / step time / GPUs), 97.7 s per step.
 PEER = ("NeMo RL v0.4, GRPO Llama-3.1-8B on 16 x H100 (1,060-token rollouts)", 1562.0)
+
+# --- the rollout budget -----------------------------------------------------------------------
+# The longest first prompt (system prompt with the tool docs, the first user turn, the high
+# reward goal), in tokens, over all 800 BFCL v4 multi-turn tasks, per (compact tool docs,
+# protocol): full JSON docs with the 7B profiles' tokenizer (qwen-shape), compact docs with
+# tiny's. Measured, and kept true, by tests/test_plan_budget.py (2026-12-05).
+FIRST_PROMPT_MAX = {(False, "combined"): 7757, (False, "bfcl"): 7536,
+                    (True, "combined"): 1185, (True, "bfcl"): 948}  # fmt: skip

@@ -175,6 +175,8 @@ def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb
                              + _lower("rl.max_tokens_per_micro_batch",
                                       "rollout.max_total_tokens + max_new_tokens", longest, fit))  # fmt: skip
     plan.problems += ft_problems  # after RL's: RL sets the memory of the run
+    if problem := budget_problem(model, rollout):  # first: it fails the run's first stage
+        plan.problems.insert(0, problem)
     if rollout.engine == "vllm":
         plan.timing = step_time(arch, b, rl, rollout, gpus, gpu, kv_tok, lora, ckpt, mfu)
     return plan
@@ -221,6 +223,24 @@ def step_time(arch, b, rl, rollout, gpus, gpu, kv_tok, lora, ckpt, mfu) -> list[
                      f"{rl.steps * step / 3600:,.0f} h; {tokens / step / gpus:,.0f} tokens/s/GPU")  # fmt: skip
     lines.append(f"  peer: {C.PEER[0]}: {C.PEER[1]:,.0f} tokens/s/GPU")
     return lines
+
+
+def budget_problem(model, rollout) -> str | None:
+    """What to change when the longest first prompt leaves no room for a sampled token in the
+    episode budget (the data stage would raise it after loading the model and its engine)."""
+    from rcgrpo.models.profiles import PROFILES
+
+    profile = PROFILES[model.profile]
+    compact = profile.compact_docs if model.compact_docs is None else model.compact_docs
+    first = C.FIRST_PROMPT_MAX[(compact, rollout.protocol)]
+    budget = rollout.max_total_tokens or profile.max_total_tokens
+    if first + 1 < budget:
+        return None
+    docs = "compact" if compact else "full JSON"
+    return (f"rollout: the longest first prompt ({first:,} tokens, {docs} tool docs, "
+            f"{rollout.protocol} protocol) does not fit rollout.max_total_tokens = {budget:,}; "
+            f"raise it, or set it to 0 for the profile's ({profile.max_total_tokens:,}), "
+            "e.g. --preset paper")  # fmt: skip
 
 
 def check(plan: Plan) -> None:

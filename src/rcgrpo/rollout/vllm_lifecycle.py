@@ -1,0 +1,129 @@
+"""How a vLLM server's life is tied to the process that owns it.
+
+A server holds a GPU's memory (tens of GB) until it exits, so it must die with its owner however
+the owner dies:
+
+  * it runs under the parent-death guard of rcgrpo.procs (started as a file, so the server's
+    environment carries none of the project's paths): kill -9 or the OOM killer on the owner,
+    which run no handler and no atexit, still stop the server within the guard's grace;
+  * `stop_on_signals` gives the owner a SIGTERM / SIGHUP handler (torchrun and schedulers stop a
+    rank with SIGTERM) that stops every live server before the process exits; it is installed
+    only where the handler is still the default, so a caller's own handler is kept;
+  * `scrubbed` drops the launcher's variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*,
+    TORCHELASTIC_*): a server started by a torchrun rank must not think it is one;
+  * `leftovers` names a server of this project still running with no guard above it (left by
+    an earlier run that died before the guard existed, or whose guard was killed), in one line.
+
+    .venv/bin/pytest tests/test_lifecycle.py -q
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from pathlib import Path
+
+MARK = "rcgrpo_vllm_guard.BearerGuard"  # on every server's command line (--middleware)
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING")  # fmt: skip
+LAUNCHER_PREFIXES = ("TORCHELASTIC_", "ACCELERATE_")
+
+LIVE: set = set()  # the servers this process started and has not stopped (VLLMServer)
+_LOCK = threading.Lock()
+
+
+def scrubbed(env: dict[str, str]) -> dict[str, str]:
+    """env without the launcher's (torchrun / accelerate) variables."""
+    return {k: v for k, v in env.items()
+            if k not in LAUNCHER_VARS and not k.startswith(LAUNCHER_PREFIXES)}  # fmt: skip
+
+
+def group_alive(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes of process group pgid, read from /proc."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+def _cmdline(pid: int | str) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
+def _ppid(pid: int | str) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def servers_running() -> list[int]:
+    """Pids of every live vLLM server of this project on this machine (any owner we can see)."""
+    return [int(p) for p in filter(str.isdigit, _pids()) if MARK in _cmdline(p)]
+
+
+def _pids() -> list[str]:
+    try:
+        return [p.name for p in Path("/proc").iterdir()]
+    except OSError:
+        return []
+
+
+def leftovers() -> list[int]:
+    """Servers of this project whose owner is gone (their parent is no Python process: init or
+    a subreaper adopted them): nobody will ever stop them."""
+    return [pid for pid in servers_running() if "python" not in _cmdline(_ppid(pid))]
+
+
+def leftover_line(pids: list[int]) -> str:
+    """One line naming the servers left behind, and how to stop them."""
+    return (f"{len(pids)} vLLM server(s) of an earlier rcgrpo run still running (pid "
+            f"{', '.join(map(str, pids))}; they hold their GPU memory): stop them with "
+            f"`kill {' '.join(map(str, pids))}`")  # fmt: skip
+
+
+def register(server) -> None:
+    with _LOCK:
+        LIVE.add(server)
+    stop_on_signals()
+
+
+def unregister(server) -> None:
+    with _LOCK:
+        LIVE.discard(server)
+
+
+def stop_all() -> None:
+    """Stop every live server of this process (signal handlers, atexit)."""
+    with _LOCK:
+        servers = list(LIVE)
+    for server in servers:
+        with contextlib.suppress(Exception):
+            server.stop()
+
+
+def _on_signal(signum, _frame) -> None:
+    stop_all()
+    raise SystemExit(128 + signum)  # atexit and finally blocks still run
+
+
+def stop_on_signals() -> None:
+    """SIGTERM / SIGHUP stop this process's servers, then exit 128+n (main thread only; kept
+    where the process already set its own handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _on_signal)
