@@ -69,7 +69,9 @@ def run_stage(stage: str, rc: RunConfig, run_id: str | None = None, resume: bool
     sandbox.use(rc.env)  # before any tool worker starts
     if not distributed.is_main():
         return _train(stage, rc, None, resume)
-    rc.write(Path(cfg.out_dir) / CONFIG_FILE)
+    from rcgrpo.training.checkpoint import check_writable
+
+    rc.write(check_writable(cfg.out_dir) / CONFIG_FILE)  # an unwritable out_dir: one line, now
     if run_id is not None:
         return _train(stage, rc, run_id, resume)
     with tracking.start_run(stage, config=stage_config(rc, stage), tags={"stage": stage}) as run:
