@@ -26,6 +26,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.evaluate import eval_config, evaluate_flow
+from rcgrpo.run_lock import hold as hold_run_lock
 from rcgrpo.runtime import apply_defaults, project_root
 from rcgrpo.tracking import registry
 from rcgrpo.tracking import runs as tracking
@@ -78,6 +79,7 @@ def pipeline_flow(
     ov, stages, v, preset, config = (plan[k] for k in ("ov", "stages", "variant", "preset",
                                                       "config"))  # fmt: skip
     out: dict = {"stages": stages, "variant": v.name, "preset": preset}
+    hold_run_lock(project_root())  # one run at a time (a scheduled one too), before the store
     with tracking.start_run("pipeline", config=config,
                             tags={"stage": "pipeline", "variant": v.name}) as run:  # fmt: skip
         pid = run.info.run_id

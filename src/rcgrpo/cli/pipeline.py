@@ -74,7 +74,9 @@ def run(
     ),
 ) -> None:
     """Run the whole pipeline; prints where the results and the UIs are."""
-    _enter_project()
+    from rcgrpo.run_lock import hold
+
+    hold(_enter_project())  # one run at a time: before data, Prefect and the MLflow store
     overrides = _overrides([*set_, *([f"model.profile={profile}"] if profile else [])])
     chosen = [s.strip() for s in stages.split(",") if s.strip()] or None
     _data_dir_first(overrides, chosen, preset)  # before prefect, mlflow, torch are imported
