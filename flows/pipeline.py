@@ -28,6 +28,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.evaluate import evaluate_flow
 from rcgrpo.run_config import RunConfig
+from rcgrpo.run_lock import hold as hold_run_lock
 from rcgrpo.runtime import apply_defaults, project_root
 from rcgrpo.tracking import registry
 from rcgrpo.tracking import runs as tracking
@@ -73,6 +74,7 @@ def pipeline_flow(
     stages, v, preset = rc.plan.stages, get_variant(rc.plan.variant), rc.plan.preset
     out: dict = {"stages": list(stages), "variant": v.name, "preset": preset}
     config = rc.to_dict()
+    hold_run_lock(project_root())  # one run at a time (a scheduled one too), before the store
     with tracking.start_run(
         "pipeline", config=config, tags={"stage": "pipeline", "variant": v.name}
     ) as run:

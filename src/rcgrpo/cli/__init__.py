@@ -57,6 +57,7 @@ USER_ERRORS = (
     "rcgrpo.training.checkpoint:CheckpointError",
     "rcgrpo.chat.record:RecordError",
     "rcgrpo.servers:ServerError",
+    "rcgrpo.run_lock:RunLocked",
     "builtins:FileNotFoundError",
     "rcgrpo.training.plan.memory:NoFit",
 )

@@ -83,7 +83,9 @@ def run(
     allow_cpu: bool = typer.Option(False, help="run a hub profile, --procs > 1 or vLLM on the CPU"),
 ) -> None:
     """Run the whole pipeline; prints where the results and the UIs are."""
-    _enter_project(project)
+    from rcgrpo.run_lock import hold
+
+    hold(_enter_project(project))  # one run at a time: before data, Prefect and the MLflow store
     rc = _resolve(set_, stages, variant, preset, profile, procs)  # before prefect, mlflow, torch
     from rcgrpo.cli.doctor import refuse_cpu  # a GPU-sized run on the CPU: one line, now
 

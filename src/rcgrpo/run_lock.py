@@ -1,0 +1,61 @@
+"""One pipeline run at a time per project: `rcgrpo run` and a scheduled run take an exclusive
+lock on <project>/cache/rcgrpo-run.lock for the rest of their process; a second one fails at
+once, in one line naming the holder (pid, start time, command).
+
+Why a process-long flock rather than a block: two runs share outputs/ and the MLflow store
+(both once created mlflow.db at the same moment, and one died in alembic), so everything a run
+does, the store's creation included, must come after the lock. The kernel drops a flock when
+its process dies, kill -9 included, so a killed run never leaves a stale lock. A Prefect
+deployment runs each flow run in its own process, so the lock is per run there too. Taking it
+again in the process that holds it is a no-op (the CLI takes it, then the flow).
+
+    from rcgrpo.run_lock import hold
+    hold(project_root())          # RunLocked if another run holds it
+    .venv/bin/pytest tests/test_run_lock.py -q
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import time
+from pathlib import Path
+
+LOCK = Path("cache") / "rcgrpo-run.lock"
+_held: dict[str, int] = {}  # lock path -> its open descriptor, for the life of the process
+
+
+class RunLocked(RuntimeError):
+    """Another pipeline run of this project holds the lock."""
+
+
+def hold(root: str | Path, wait_s: float = 0.0) -> Path:
+    """Take the project's run lock for the rest of this process (waiting up to `wait_s`);
+    RunLocked in one line naming the holder if another process keeps it. Returns its path."""
+    path = (Path(root) / LOCK).resolve()
+    if str(path) in _held:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                raise RunLocked(
+                    f"another pipeline run of this project holds {path} ({holder}); wait for "
+                    "it to finish or stop it"
+                ) from None
+            time.sleep(0.5)
+    os.set_inheritable(fd, False)  # the servers and workers it starts do not keep it
+    since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} since {since}: {command}\n".encode(), 0)
+    _held[str(path)] = fd
+    return path
