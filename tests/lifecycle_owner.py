@@ -18,7 +18,7 @@ import time
 def main() -> None:
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import make_engine
 
     policy = load_policy(ModelConfig(profile="tiny", lora=True, lora_r=8))

@@ -260,7 +260,7 @@ def lora_policy():
 
 @pytest.fixture(scope="module")
 def vllm_engine(lora_policy):
-    from rcgrpo.rollout.vllm_server import group_alive
+    from rcgrpo.rollout.vllm_lifecycle import group_alive
 
     cfg = RolloutConfig(**{**VLLM_CFG.__dict__, "engine": "vllm", "vllm_max_lora_rank": 8})
     engine = make_engine(cfg, lora_policy)

@@ -24,7 +24,7 @@ def test_the_paper_preset_trains_lora_at_ten_times_the_full_fine_tune_rate():
 
 def _trainer(policy, rl):
     from rcgrpo.bfcl.tasks import tasks_in
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import make_engine
     from rcgrpo.training.grpo.trainer import Trainer
 

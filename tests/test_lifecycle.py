@@ -156,12 +156,13 @@ def my_servers() -> list[int]:
 def test_three_evaluations_one_server_at_a_time_one_export_nothing_left(
     tmp_path, monkeypatch, leftover
 ):
-    from rcgrpo.evaluation.evaluate import EvalConfig, run_eval
+    from rcgrpo.evaluation.config import EvalConfig
+    from rcgrpo.evaluation.evaluate import run_eval
     from rcgrpo.models import export
     from rcgrpo.models.loading import load_policy, save_policy
     from rcgrpo.models.profiles import ModelConfig
     from rcgrpo.models.serving import DONE, served_bases
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
 
     model = ModelConfig(profile="tiny", lora=True, lora_r=8)
     folder = save_policy(load_policy(model), tmp_path / "policy", {"protocol": "bfcl"})

@@ -102,7 +102,7 @@ def test_first_prompt_figures_are_measured(profile, protocols):
     from rcgrpo.chat.record import HIGH
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import PROFILES, ModelConfig
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.hf import HFEngine
 
     tasks = tasks_in("train") + tasks_in("test")

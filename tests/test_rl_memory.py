@@ -211,7 +211,8 @@ def test_colocated_rollouts_and_updates_take_turns_in_order(monkeypatch):
     vLLM's share BEFORE the wake-up, the rollouts run, the server sleeps, then the update gets
     the memory back."""
     from rcgrpo.rollout import colocate
-    from rcgrpo.rollout.engine import Engine, RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
+    from rcgrpo.rollout.engine import Engine
     from rcgrpo.rollout.vllm_engine import VLLMEngine
 
     log: list[str] = []
@@ -231,7 +232,7 @@ def test_colocated_rollouts_and_updates_take_turns_in_order(monkeypatch):
 
 def test_sleep_mode_default_and_the_allocator_setting_stays_in_the_trainer():
     from rcgrpo.rollout import colocate
-    from rcgrpo.rollout.engine import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig
 
     vllm = RolloutConfig(engine="vllm")
     assert colocate.sleep_mode(vllm, "qwen2.5-7b-instruct", on_cuda=True)

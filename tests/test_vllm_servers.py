@@ -62,7 +62,7 @@ def one_server(policy, tasks):
 @pytest.fixture(scope="module")
 def two(policy, tmp_path_factory):
     """Two servers, sleep mode on, started from a folder holding a planted `vllm.py`."""
-    from rcgrpo.rollout.vllm_server import group_alive
+    from rcgrpo.rollout.vllm_lifecycle import group_alive
 
     planted = tmp_path_factory.mktemp("cwd")
     marker = planted / "PLANTED_MODULE_RAN"

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rcgrpo.config import SECTIONS, ConfigError, build, read_params, section_class, show
+from rcgrpo.config import SECTIONS, ConfigError, build, read_params, section_class
+from rcgrpo.fields import show
 from rcgrpo.runtime import project_root
 
 PIPELINE_STAGES = ("data", "finetune", "rl", "eval")

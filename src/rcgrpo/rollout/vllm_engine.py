@@ -52,9 +52,9 @@ from rcgrpo.models.lora import freeze_reward_rows
 from rcgrpo.rollout import colocate
 from rcgrpo.rollout.config import RolloutConfig
 from rcgrpo.rollout.engine import Engine, Sample
-from rcgrpo.rollout.router import Router, visible_gpus
+from rcgrpo.rollout.router import Router, gpu_of, visible_gpus
 from rcgrpo.rollout.scheduler import Clock, DirectClient
-from rcgrpo.rollout.vllm_server import VLLMServer, cuda, gpu_of
+from rcgrpo.rollout.vllm_server import VLLMServer, cuda
 
 BASE_NAME = "base"  # --served-model-name of the exported base weights
 

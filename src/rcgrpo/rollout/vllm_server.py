@@ -47,7 +47,6 @@ from pathlib import Path
 
 from rcgrpo.procs import guarded
 from rcgrpo.rollout import colocate, vllm_lifecycle
-from rcgrpo.rollout.router import gpu_of  # noqa: F401  (imported from here by callers)
 from rcgrpo.rollout.vllm_lifecycle import group_alive
 from rcgrpo.runtime import project_root
 

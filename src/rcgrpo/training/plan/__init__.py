@@ -6,7 +6,7 @@ model; the update from FLOPs at a stated MFU), report.py (the plan of a config, 
 its text), episodes.json (the shapes of the 800 replayed ground truths,
 scripts/episode_shapes.py). Part of the training layer; it forms micro-batches as
 rcgrpo.training.batching does, and never imports a heavy library (the command takes seconds).
-Imports: models, training.
+Imports: models, rollout, training.
 
     rcgrpo plan --profile qwen2.5-7b-instruct --preset paper --gpus 8 --gpu-memory 80
     .venv/bin/pytest tests/test_plan.py -q
