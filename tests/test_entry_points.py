@@ -57,3 +57,12 @@ def test_overhead_profiler_wraps_functions_that_exist():
     code = "import overhead; p = overhead.Profiler(); overhead.instrument(p); print('wrapped')"
     run = python("-c", code)
     assert run.returncode == 0 and "wrapped" in run.stdout, run.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_overhead_bench_runs_the_tiny_pipeline():
+    """The one bench with a real run near a minute: the main command at the end-to-end sizes in
+    a project copy (~80 s on 2 busy cores). Its sizes are bench/traces.py's too."""
+    run = python("bench/overhead.py", "--tiny", timeout=900)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert "orchestration (prefect + mlflow + dvc):" in run.stdout, run.stdout[-2000:]
