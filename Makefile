@@ -15,7 +15,7 @@ export DVC_NO_ANALYTICS := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 
-.PHONY: run test install lint vllm-venv gpu
+.PHONY: run test test-fast install lint vllm-venv gpu
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,3 +58,11 @@ gpu:
 
 test: lint vllm-venv
 	$(VENV)/bin/pytest
+
+# The inner loop while editing: the pure tests only (algorithms, configs, records, the environment
+# and checkers, layout and docs links): no server, subprocess pipeline, Great Expectations suite or
+# end-to-end run. About a minute on 2 busy cores (docs/benchmarks.md); `make test` stays the full check.
+FAST_TESTS := agent_loop batching checkers config core_algos dataset environment executor failures \
+	layout records safety scheduler tasks
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -q -m "not slow" $(FAST_TESTS:%=tests/test_%.py)

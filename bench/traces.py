@@ -82,6 +82,9 @@ def run_once(sets: list[str], keep: str = "") -> dict:
 
 
 def main(argv: list[str]) -> None:
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return
     sets = list(TINY) if "--tiny" in argv else []
     sets += [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
     keep = next((argv[i + 1] for i, a in enumerate(argv) if a == "--keep"), "")
