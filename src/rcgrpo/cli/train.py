@@ -42,13 +42,19 @@ def train(
     stage: str = typer.Argument(..., help="rctp | sft | rl"),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     model_set: list[str] = typer.Option([], "--model-set", help="override a model: field"),
-    resume: bool = typer.Option(False, help="continue from the last checkpoint in out_dir"),
+    resume: bool = typer.Option(
+        False, help="continue from the last checkpoint in out_dir (of the same run and config)"
+    ),
+    resume_from: Path | None = typer.Option(
+        None, help="continue from this checkpoint folder, whichever run wrote it"
+    ),
     params: Path | None = typer.Option(None, help="params.yaml to read (default: the checkout's)"),
 ) -> None:
     """Train one stage; metrics go to <out_dir>/metrics.jsonl (and MLflow via rcgrpo.tracking.runs)."""
     if stage not in ("rctp", "sft", "rl"):
         raise typer.BadParameter("stage must be rctp, sft or rl", param_hint="STAGE")
     model_cfg = _model_cfg(params, model_set)
+    resume = str(resume_from) if resume_from else resume  # run_identity.begin checks the rest
     if stage in ("rctp", "sft"):
         from rcgrpo.training.sft import SFTConfig, run_sft
 

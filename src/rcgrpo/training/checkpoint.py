@@ -9,12 +9,16 @@ Files are written to a temporary folder and renamed: a crash never leaves half a
 so a crafted checkpoint cannot run code (the RNG states are stored as tensors and lists for that;
 tests/test_trainer.py has a pickle whose os.system payload must not run).
 
+Each checkpoint also stores its run (rcgrpo.training.run_identity): the id of the run that wrote
+it and a hash of its resolved config (in its run.json), so `--resume` never picks up another run's checkpoint.
+
     save(path, model, optimizer, scheduler, step, extra={"generator": gen.get_state()})
     state = load(latest(run_dir), model, optimizer, scheduler)   # -> {"step": ..., "extra": ...}
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
@@ -28,6 +32,7 @@ import torch
 from rcgrpo.runtime import replace_dir
 
 PREFIX = "step_"
+RUN_FILE = "run.json"  # in each checkpoint folder and in out_dir: {"run_id", "config_hash"}
 NAME = re.compile(rf"{PREFIX}(\d+)")  # step_000040; a step_final or step_x folder is not ours
 
 
@@ -84,9 +89,16 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save(
-    path: str | Path, model, optimizer, scheduler, step: int, extra: dict | None = None
+    path: str | Path,
+    model,
+    optimizer,
+    scheduler,
+    step: int,
+    extra: dict | None = None,
+    run: dict | None = None,
 ) -> Path:
-    """Write <path> (a folder) holding state.pt; returns the folder."""
+    """Write <path> (a folder) holding state.pt; returns the folder. `run`: {"run_id",
+    "config_hash"} of the run writing it (run_identity.begin)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -102,6 +114,8 @@ def save(
         },
         tmp / "state.pt",
     )
+    if run:  # read before anything is loaded (run_identity.begin)
+        (tmp / RUN_FILE).write_text(json.dumps(run))
     return replace_dir(tmp, path)
 
 
