@@ -54,6 +54,19 @@ class EnvConfig:
     def __post_init__(self):
         if not self.tool_timeout_s > 0 or self.tool_memory_mb < 256:
             raise ValueError("env: tool_timeout_s must be > 0 and tool_memory_mb >= 256")
+        if (hard := hard_memory_mb()) is not None and self.tool_memory_mb > hard:
+            raise ValueError(  # a worker cannot raise its limit above the hard one: every call failed
+                f"env.tool_memory_mb={self.tool_memory_mb} is above this process's hard "
+                f"address-space limit of {hard} MiB (ulimit -v); set env.tool_memory_mb <= {hard}"
+            )
+
+
+def hard_memory_mb() -> int | None:
+    """The hard RLIMIT_AS in MiB, None when unlimited (or not on this platform)."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    return None if hard == resource.RLIM_INFINITY else hard // 2**20
 
 
 class SandboxError(RuntimeError):

@@ -56,7 +56,9 @@ def _repo(root: Path, config: dict | None = None):
 
     # site_cache_dir from the committed config is relative; pin it to this project absolutely.
     pinned = {"core": {"site_cache_dir": str(root / ".dvc" / "site_cache")}}
-    return Repo(str(root), config={**pinned, **(config or {})})
+    repo = Repo(str(root), config={**pinned, **(config or {})})
+    repo.scm_context.quiet = True  # no "git add data.dvc" hint: publish commits it itself
+    return repo
 
 
 def init_project(root: str | Path, remote: str = "dvc_remote") -> None:
