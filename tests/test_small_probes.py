@@ -81,3 +81,35 @@ def test_tool_memory_above_the_hard_limit_is_one_line():
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode != 0 and len(lines) == 1, out.stderr[-2000:]
     assert "above this process's hard address-space limit of 8192 MiB" in lines[0]
+
+
+def test_full_disk_at_a_checkpoint_is_one_line_and_leaves_no_tmp(tmp_path):
+    """A real full disk: a 64 kB tmpfs as out_dir (mounting needs root; skipped otherwise)."""
+    import os
+    import shutil
+    import subprocess
+
+    from test_run_identity import _cfg
+    from test_sft import examples, tiny_model
+
+    from rcgrpo.training.checkpoint import CheckpointError
+    from rcgrpo.training.sft import train_sft
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a tiny tmpfs as the full disk")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)])
+    if mounted.returncode:
+        pytest.skip("this container may not mount a tmpfs")
+    try:
+        with pytest.raises(CheckpointError) as failed:
+            train_sft(tiny_model(), examples(8), _cfg(disk, save_every=1))
+        line = str(failed.value)
+        assert "\n" not in line and "no space left on the disk" in line and str(disk) in line
+        assert not list(disk.rglob("*.tmp")), list(disk.rglob("*"))
+    finally:
+        import gc
+
+        gc.collect()  # torch's writer of the failed save holds its (deleted) file until then
+        subprocess.run(["umount", str(disk)], check=True)

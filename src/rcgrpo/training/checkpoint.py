@@ -18,6 +18,7 @@ it and a hash of its resolved config (in its run.json), so `--resume` never pick
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -103,20 +104,41 @@ def save(
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    torch.save(
-        {
-            "step": step,
-            "model": trainable_state(model),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "rng": rng_state(),
-            "extra": extra or {},
-        },
-        tmp / "state.pt",
-    )
-    if run:  # read before anything is loaded (run_identity.begin)
-        (tmp / RUN_FILE).write_text(json.dumps(run))
+    failed = None
+    try:
+        torch.save(
+            {
+                "step": step,
+                "model": trainable_state(model),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "rng": rng_state(),
+                "extra": extra or {},
+            },
+            tmp / "state.pt",
+        )
+        if run:  # read before anything is loaded (run_identity.begin)
+            (tmp / RUN_FILE).write_text(json.dumps(run))
+    except (OSError, RuntimeError) as e:  # torch says "unexpected pos", not ENOSPC
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial .tmp would keep the disk full
+        failed = _write_failed(path, e, model)
+    if failed is not None:  # raised here, not in `except`: torch's open writer goes with `e`
+        raise failed
     return replace_dir(tmp, path)
+
+
+def _write_failed(path: Path, e: Exception, model) -> CheckpointError:
+    """One line for a checkpoint that could not be written, saying when the disk is full."""
+    free = shutil.disk_usage(path.parent).free
+    weights = sum(t.nbytes for t in trainable_state(model).values())
+    full = getattr(e, "errno", None) == errno.ENOSPC or free < 3 * weights + 2**20
+    why = "no space left on the disk" if full else "could not write"
+    return CheckpointError(
+        f"checkpoint {path}: {why} ({free / 2**20:.1f} MiB free under {path.parent}; "
+        f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:120]}); the partial "
+        f"{path.name}.tmp was removed, earlier checkpoints are intact: free space or set "
+        "out_dir on another disk, then --resume"
+    )
 
 
 def load(path: str | Path, model, optimizer=None, scheduler=None) -> dict:
