@@ -32,6 +32,7 @@ from rcgrpo.run_lock import hold as hold_run_lock
 from rcgrpo.runtime import apply_defaults, project_root
 from rcgrpo.tracking import registry
 from rcgrpo.tracking import runs as tracking
+from rcgrpo.tracking.orphans import fail_killed_pipelines
 
 apply_defaults()
 
@@ -75,6 +76,7 @@ def pipeline_flow(
     out: dict = {"stages": list(stages), "variant": v.name, "preset": preset}
     config = rc.to_dict()
     hold_run_lock(project_root())  # one run at a time (a scheduled one too), before the store
+    fail_killed_pipelines()  # under the lock: a RUNNING pipeline run is a killed one's
     with tracking.start_run(
         "pipeline", config=config, tags={"stage": "pipeline", "variant": v.name}
     ) as run:

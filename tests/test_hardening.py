@@ -165,7 +165,17 @@ def test_resume_on_a_truncated_checkpoint_through_the_cli(tmp_path):
     write_jsonl(data, [expert(t, "combined") for t in tasks_in("train")[:2]])
     out_dir = tmp_path / "out"
     _checkpoints(out_dir)
-    out = cli("train", "rctp", "--resume", "--set", f"data={data}", "--set", f"out_dir={out_dir}")
+    ckpt = out_dir / "checkpoints" / "step_000002"
+    out = cli(
+        "train",
+        "rctp",
+        "--resume-from",
+        str(ckpt),
+        "--set",
+        f"data={data}",
+        "--set",
+        f"out_dir={out_dir}",
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]  # after the model's loading bar
     assert last.startswith("error: ") and "step_000002/state.pt is truncated or corrupt" in last

@@ -255,8 +255,10 @@ def test_resume_refuses_a_crafted_checkpoint_without_running_it(tmp_path):
     ck.mkdir(parents=True)
     torch.save({"step": 2, "model": {}, "rng": _Payload(marker)}, ck / "state.pt")
     trainer = make(tmp_path, steps=4)
+    with pytest.raises(checkpoint.CheckpointError, match="written by run .unknown."):
+        trainer.train(resume=True)  # not this run's: refused before it is read
     with pytest.raises(checkpoint.CheckpointError, match="state.pt holds more than tensors"):
-        trainer.train(resume=True)
+        trainer.train(resume=str(ck))  # --resume-from names it: read, and refused
     assert not marker.exists()  # the os.system payload never ran
     assert str(ck / "state.pt") in str(pytest.raises(checkpoint.CheckpointError,
         checkpoint.load, ck, trainer.model).value)  # fmt: skip

@@ -104,7 +104,15 @@ def out_of_range(value, interval: str) -> bool:
 # -- YAML as params.yaml is meant: `1e-5` is a float (YAML 1.2; PyYAML follows 1.1, where a float
 # needs a dot, so `lr: 1e-5` or `--set lr=1e-5` was the string "1e-5") -------------------------
 class _Loader(yaml.SafeLoader):
-    pass
+    def compose_node(self, parent, index):
+        """Aliases refused: a 1 kB alias bomb expands to hundreds of millions of leaves, and
+        printing its error (the value) hung the CLI. params.yaml has no use for them."""
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"YAML aliases (*{event.anchor}) are not accepted", event.start_mark
+            )
+        return super().compose_node(parent, index)
 
 
 _Loader.yaml_implicit_resolvers = {

@@ -52,6 +52,21 @@ class EnvConfig:
         4096, "[256, inf)", "address-space limit (RLIMIT_AS) of the tool worker process"
     )
 
+    def __post_init__(self):
+        if (hard := hard_memory_mb()) is not None and self.tool_memory_mb > hard:
+            raise ValueError(  # a worker cannot raise its limit above the hard one: every call failed
+                f"env.tool_memory_mb={self.tool_memory_mb} is above this process's hard "
+                f"address-space limit of {hard} MiB (ulimit -v); set env.tool_memory_mb <= {hard}"
+            )
+
+
+def hard_memory_mb() -> int | None:
+    """The hard RLIMIT_AS in MiB, None when unlimited (or not on this platform)."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    return None if hard == resource.RLIM_INFINITY else hard // 2**20
+
 
 class SandboxError(RuntimeError):
     """A trusted call (ground truth, a replay of calls that ran before) failed in the worker."""

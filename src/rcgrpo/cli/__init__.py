@@ -57,6 +57,7 @@ USER_ERRORS = (
     "rcgrpo.chat.record:RecordError",
     "rcgrpo.servers:ServerError",
     "rcgrpo.run_lock:RunLocked",
+    "rcgrpo.data.objects:ObjectError",
     "builtins:FileNotFoundError",
     "rcgrpo.training.plan.memory:NoFit",
 )

@@ -57,7 +57,12 @@ def train(
     preset: str = typer.Option("", help="params.yaml presets.<name> on top (default: none)"),
     variant: str = typer.Option("", help="a recipe's RL fields, e.g. sft+grpo (default: none)"),
     procs: int = typer.Option(1, help="processes (GPUs), started with torchrun; 1 = this one"),
-    resume: bool = typer.Option(False, help="continue from the last checkpoint in out_dir"),
+    resume: bool = typer.Option(
+        False, help="continue from the last checkpoint in out_dir (of the same run and config)"
+    ),
+    resume_from: Path | None = typer.Option(
+        None, help="continue from this checkpoint folder, whichever run wrote it"
+    ),
     params: Path | None = typer.Option(None, help="params.yaml to read (default: the checkout's)"),
     allow_cpu: bool = typer.Option(False, help="train a hub profile or with vLLM on the CPU"),
 ) -> None:
@@ -82,6 +87,7 @@ def train(
     refuse_cpu(f"rcgrpo train {stage}", rc.model.profile, engine, rc.plan.procs, allow_cpu)
     from rcgrpo.tracking.stage import run_stage
 
+    resume = str(resume_from) if resume_from else resume  # run_identity.begin checks the rest
     final = run_stage(stage, rc, mlflow_run, resume=resume)
     typer.echo(f"saved {final}")
 

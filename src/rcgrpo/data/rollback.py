@@ -2,7 +2,8 @@
 
 `rollback(rev, root)`: data.dvc at <rev> must name data/ and nothing else (a commit whose
 data.dvc says `path: src` would have DVC replace src/ by the dataset: refused before anything
-is touched), then `dvc fetch` at <rev> and a check that every object is there, then data.dvc is
+is touched), then its objects copied into the cache from the project's own remote (HEAD's .dvc/config, never
+<rev>'s: rcgrpo.data.objects) and a check that every one is there, then data.dvc is
 written from <rev> (the git index is not touched: a failed or uncommitted rollback never leaves
 a staged data.dvc for the next commit to record) and `dvc checkout`, byte for byte; any failure
 puts data.dvc and data/ back as they were and says why in one line. Returns what changed
@@ -15,8 +16,6 @@ rcgrpo.data.versioning's repo helper (the one DVC touchpoint).
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import shutil
 import subprocess
@@ -26,8 +25,8 @@ from pathlib import Path
 import yaml
 
 from rcgrpo.data.journal import build_lock
+from rcgrpo.data.objects import copy_version
 from rcgrpo.data.versioning import (
-    REMOTE_NAME,
     VersioningError,
     _git,
     _manifest,
@@ -149,37 +148,13 @@ def rollback(
 
 
 def _fetch_version(root: Path, full: str, dvc_file: str, md5: str) -> None:
-    """`dvc fetch` the objects of data.dvc at `full` into the local cache (data.dvc and data/
-    untouched), then check every one is there; VersioningError in one line if not."""
-    local = root / ".dvc" / "cache" / "files" / "md5"
-
-    def missing() -> list[str]:
-        if not (local / md5[:2] / md5[2:]).exists():
-            return [md5]
-        return [m for m in listing(root, md5).values() if not (local / m[:2] / m[2:]).exists()]
-
-    if not missing():
-        return
-    # the remote's url pinned absolute: inside a past revision DVC would resolve the committed
-    # relative one against that revision's tree, not this folder
-    repo = _repo(root, {"remote": {REMOTE_NAME: {"url": str(_remote_dir(root))}}})
-    error = ""
-    quiet = [logging.getLogger(n) for n in ("dvc", "dvc_data")]  # its WARNING is our one line
-    levels = [q.level for q in quiet]
-    try:
-        for q in quiet:
-            q.setLevel(logging.ERROR)
-        with contextlib.chdir(root):  # with revs, DVC resolves targets against the cwd
-            repo.fetch(targets=[dvc_file], revs=[full], workspace=False)
-    except Exception as e:  # DVC lists every missing object over many lines: keep the first
-        error = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    finally:
-        for q, level in zip(quiet, levels, strict=True):
-            q.setLevel(level)
-        repo.close()
-    if lost := missing():
+    """The objects of version `md5` into the local cache, from the project's remote as HEAD's
+    .dvc/config names it: never a remote of the target commit's .dvc/config, which `dvc fetch
+    --rev` would read (rcgrpo.data.objects). VersioningError in one line if any is missing."""
+    remote = _remote_dir(root)
+    cache = root / ".dvc" / "cache" / "files" / "md5"
+    if lost := copy_version(remote / "files" / "md5", cache, md5):
         raise VersioningError(
             f"version {md5} (rev {full[:10]}) cannot be restored: {len(lost)} of its objects "
-            f"are in neither the cache nor the remote {_remote_dir(root)} ({error or 'missing'});"
-            " nothing was changed"
+            f"are in neither the cache nor the remote {remote}; nothing was changed"
         )

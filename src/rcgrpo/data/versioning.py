@@ -27,6 +27,8 @@ from pathlib import Path
 
 import yaml
 
+from rcgrpo.data.objects import check_hash, dir_entries, read_object
+
 DVC_FILE = "data.dvc"
 REMOTE_NAME = "local"
 
@@ -54,7 +56,9 @@ def _repo(root: Path, config: dict | None = None):
 
     # site_cache_dir from the committed config is relative; pin it to this project absolutely.
     pinned = {"core": {"site_cache_dir": str(root / ".dvc" / "site_cache")}}
-    return Repo(str(root), config={**pinned, **(config or {})})
+    repo = Repo(str(root), config={**pinned, **(config or {})})
+    repo.scm_context.quiet = True  # no "git add data.dvc" hint: publish commits it itself
+    return repo
 
 
 def init_project(root: str | Path, remote: str = "dvc_remote") -> None:
@@ -116,7 +120,7 @@ def _md5_of(dvc_text: str, where: str = DVC_FILE) -> str:
             f"{where} is empty or truncated (no outs[0].md5): restore it with "
             f"`git checkout -- {where}` or `rcgrpo data rollback <rev>`"
         )
-    return md5
+    return check_hash(md5, where)  # a path there would be read as an object
 
 
 def _cache_file(root: Path, md5: str) -> Path | None:
@@ -139,13 +143,13 @@ def _remote_dir(root: Path) -> Path:
 
 def listing(root: Path, md5: str) -> dict[str, str]:
     """relpath -> md5 of every file in a stored version ({} if its manifest is not stored)."""
-    path = _cache_file(root, md5)
-    return {e["relpath"]: e["md5"] for e in json.loads(path.read_text())} if path else {}
+    path = _cache_file(root, check_hash(md5, "a dataset version"))
+    return dir_entries(read_object(path), f"object {md5}") if path else {}
 
 
 def _manifest(root: Path, files: dict[str, str]) -> dict:
     path = _cache_file(root, files["manifest.json"]) if "manifest.json" in files else None
-    return json.loads(path.read_text()) if path else {}
+    return json.loads(read_object(path)) if path else {}
 
 
 def _rows(manifest: dict) -> dict:

@@ -98,7 +98,15 @@ def connect(cfg, runtime_env: dict):
                 address = None
         if address is None:
             stack.enter_context(private_token())
+            # its session folder inside a 0700 folder of ours, not in /tmp/ray (0777, no sticky
+            # bit: another user wrote into its logs and port files). Ray makes its own temp dir
+            # 0777, so that is a subfolder; removed after shutdown
+            private = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="rcgrpo-ray-", ignore_cleanup_errors=True)
+            )
+            temp = os.path.join(private, "ray")
             ray.init(address="local", num_cpus=max(2, cfg.workers), include_dashboard=False,
-                     object_store_memory=OBJECT_STORE_BYTES, runtime_env=runtime_env)  # fmt: skip
+                     object_store_memory=OBJECT_STORE_BYTES, runtime_env=runtime_env,
+                     _temp_dir=temp)  # fmt: skip
         stack.callback(ray.shutdown)
         yield ray

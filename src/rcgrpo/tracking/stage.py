@@ -57,7 +57,9 @@ def headline(stage: str, total: int | None, run_id: str | None):
     return log
 
 
-def run_stage(stage: str, rc: RunConfig, run_id: str | None = None, resume: bool = False) -> Path:
+def run_stage(
+    stage: str, rc: RunConfig, run_id: str | None = None, resume: bool | str = False
+) -> Path:
     """Train `stage`; every step goes to MLflow run `run_id` (None: a run of its own named after
     the stage, which also gets the model). On `rc.plan.procs` > 1 outside torchrun: launch."""
     from rcgrpo.bfcl import sandbox
@@ -81,7 +83,7 @@ def run_stage(stage: str, rc: RunConfig, run_id: str | None = None, resume: bool
     return final
 
 
-def _train(stage: str, rc: RunConfig, run_id: str | None, resume: bool) -> Path:
+def _train(stage: str, rc: RunConfig, run_id: str | None, resume: bool | str) -> Path:
     cfg = stage_section(rc, stage)
     log = headline(stage, total_steps(stage, cfg), run_id)
     if stage != "rl":

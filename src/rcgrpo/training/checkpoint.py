@@ -9,12 +9,17 @@ Files are written to a temporary folder and renamed: a crash never leaves half a
 so a crafted checkpoint cannot run code (the RNG states are stored as tensors and lists for that;
 tests/test_trainer.py has a pickle whose os.system payload must not run).
 
+Each checkpoint also stores its run (rcgrpo.training.run_identity): the id of the run that wrote
+it and a hash of its resolved config (in its run.json), so `--resume` never picks up another run's checkpoint.
+
     save(path, model, optimizer, scheduler, step, extra={"generator": gen.get_state()})
     state = load(latest(run_dir), model, optimizer, scheduler)   # -> {"step": ..., "extra": ...}
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import pickle
 import random
@@ -28,6 +33,7 @@ import torch
 from rcgrpo.runtime import replace_dir
 
 PREFIX = "step_"
+RUN_FILE = "run.json"  # in each checkpoint folder and in out_dir: {"run_id", "config_hash"}
 NAME = re.compile(rf"{PREFIX}(\d+)")  # step_000040; a step_final or step_x folder is not ours
 
 
@@ -84,25 +90,55 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save(
-    path: str | Path, model, optimizer, scheduler, step: int, extra: dict | None = None
+    path: str | Path,
+    model,
+    optimizer,
+    scheduler,
+    step: int,
+    extra: dict | None = None,
+    run: dict | None = None,
 ) -> Path:
-    """Write <path> (a folder) holding state.pt; returns the folder."""
+    """Write <path> (a folder) holding state.pt; returns the folder. `run`: {"run_id",
+    "config_hash"} of the run writing it (run_identity.begin)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    torch.save(
-        {
-            "step": step,
-            "model": trainable_state(model),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "rng": rng_state(),
-            "extra": extra or {},
-        },
-        tmp / "state.pt",
-    )
+    failed = None
+    try:
+        torch.save(
+            {
+                "step": step,
+                "model": trainable_state(model),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "rng": rng_state(),
+                "extra": extra or {},
+            },
+            tmp / "state.pt",
+        )
+        if run:  # read before anything is loaded (run_identity.begin)
+            (tmp / RUN_FILE).write_text(json.dumps(run))
+    except (OSError, RuntimeError) as e:  # torch says "unexpected pos", not ENOSPC
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial .tmp would keep the disk full
+        failed = _write_failed(path, e, model)
+    if failed is not None:  # raised here, not in `except`: torch's open writer goes with `e`
+        raise failed
     return replace_dir(tmp, path)
+
+
+def _write_failed(path: Path, e: Exception, model) -> CheckpointError:
+    """One line for a checkpoint that could not be written, saying when the disk is full."""
+    free = shutil.disk_usage(path.parent).free
+    weights = sum(t.nbytes for t in trainable_state(model).values())
+    full = getattr(e, "errno", None) == errno.ENOSPC or free < 3 * weights + 2**20
+    why = "no space left on the disk" if full else "could not write"
+    return CheckpointError(
+        f"checkpoint {path}: {why} ({free / 2**20:.1f} MiB free under {path.parent}; "
+        f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:120]}); the partial "
+        f"{path.name}.tmp was removed, earlier checkpoints are intact: free space or set "
+        "out_dir on another disk, then --resume"
+    )
 
 
 def load(path: str | Path, model, optimizer=None, scheduler=None) -> dict:

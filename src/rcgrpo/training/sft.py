@@ -24,6 +24,7 @@ profile's choice (rcgrpo.models.profiles). The batch order is a function of (see
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -171,12 +172,13 @@ def train_sft(
     examples: list[tuple[torch.Tensor, torch.Tensor]],
     cfg: SFTConfig,
     log_metrics: LogMetrics | None = None,
-    resume: bool = False,
+    resume: bool | str = False,
     pad_id: int = 0,
 ) -> list[dict]:
     """Fine-tune `model` in place on rendered examples; returns the per-step metrics."""
     from rcgrpo.training import batching, checkpoint, distributed
     from rcgrpo.training.forward import packs
+    from rcgrpo.training.run_identity import begin
 
     if not examples:
         raise ValueError(f"no training examples for mode {cfg.mode!r} in {cfg.data}")
@@ -190,7 +192,8 @@ def train_sft(
         optimizer, lr_lambda(len(schedule), cfg.warmup_ratio)
     )
     start = 0
-    if resume and (ckpt := checkpoint.latest(cfg.out_dir)) is not None:
+    ckpt, run = begin(cfg.out_dir, dataclasses.asdict(cfg), resume, distributed.is_main())
+    if ckpt is not None:
         start = checkpoint.load(ckpt, model, optimizer, scheduler)["step"]
     # under `accelerate launch` each rank takes its share of the micro-batches; else all of them
     ranks = distributed.for_training(model, optimizer, params)
@@ -240,7 +243,12 @@ def train_sft(
             log_metrics(metrics, step + 1)
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and distributed.is_main():
             checkpoint.save(
-                checkpoint.path_for(cfg.out_dir, step + 1), model, optimizer, scheduler, step + 1
+                checkpoint.path_for(cfg.out_dir, step + 1),
+                model,
+                optimizer,
+                scheduler,
+                step + 1,
+                run=run,
             )
     model.eval()
     return history

@@ -26,6 +26,7 @@ advantages), update.py (pi_old, reference, PPO mini-batches), metrics.py (the st
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import time
@@ -108,6 +109,7 @@ class Trainer:
         tok = getattr(policy, "tokenizer", None)
         self.pad_id = getattr(tok, "pad_token_id", None) or 0
         self.step = 0
+        self.run: dict = {}  # run_identity.begin: {run_id, config_hash}
         self.out = Path(cfg.out_dir)
 
     def _timeout_s(self) -> float:
@@ -189,12 +191,21 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------------
     def save(self, step: int) -> Path:
         return checkpoint.save(
-            checkpoint.path_for(self.out, step), self.model, self.optimizer, self.scheduler, step
+            checkpoint.path_for(self.out, step),
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            step,
+            run=self.run,
         )
 
-    def resume(self) -> int:
-        """Load the latest checkpoint under out_dir (if any) and return its step."""
-        ckpt = checkpoint.latest(self.out)
+    def resume(self, resume: bool | str = True) -> int:
+        """Begin this run (run_identity.begin: a fresh one, or the checked latest checkpoint of
+        the same run, or the one `resume` names); load that checkpoint and return its step."""
+        from rcgrpo.training.run_identity import begin
+
+        main = distributed.is_main()
+        ckpt, self.run = begin(self.out, dataclasses.asdict(self.cfg), resume, main)
         if ckpt is None:
             return 0
         self.step = checkpoint.load(ckpt, self.model, self.optimizer, self.scheduler)["step"]
@@ -212,11 +223,10 @@ class Trainer:
             ]
             path.write_text("".join(ln + "\n" for ln in kept))
 
-    def train(self, resume: bool = False, stop_after: int | None = None) -> list[dict]:
+    def train(self, resume: bool | str = False, stop_after: int | None = None) -> list[dict]:
         """Run to cfg.steps (or stop after step `stop_after`, for tests); returns new metrics."""
         self.out.mkdir(parents=True, exist_ok=True)
-        if resume:
-            self.resume()
+        self.resume(resume)
         self._trim_metrics()
         history = []
         last = self.cfg.steps if stop_after is None else min(stop_after, self.cfg.steps)

@@ -1,0 +1,115 @@
+"""Smaller probes, each through the call a user hits: a YAML alias bomb in params fails at once
+in one line (it hung the CLI while printing the error), and a dataset publish prints no DVC
+"git add data.dvc" hint (the pipeline commits data.dvc itself). ~15 s.
+
+    .venv/bin/pytest tests/test_small_probes.py -q
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from test_hardening import cli
+from test_versioning import built, make_project
+
+from rcgrpo.config import ConfigError, read_params
+
+# 9 levels of 9 aliases: 387M leaves once expanded, 1.2 kB on disk
+BOMB = (
+    "a: &a [x,x,x,x,x,x,x,x,x]\n"
+    + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)
+    )
+    + "train: {rl: *i}\n"
+)
+
+
+def test_yaml_alias_bomb_is_refused_in_one_line(tmp_path):
+    bomb = tmp_path / "params.yaml"
+    bomb.write_text(BOMB)
+    assert len(BOMB) < 1500
+    with pytest.raises(ConfigError, match=r"YAML aliases \(\*a\) are not accepted"):
+        read_params(bomb)
+    out = cli("train", "rl", "--params", str(bomb))
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "aliases" in last and len(last) < 400
+
+
+def test_publish_prints_no_git_add_hint(tmp_path):
+    from rcgrpo.data.publishing import publish
+
+    root = make_project(tmp_path / "proj")
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    handler, dvc_log = Keep(logging.INFO), logging.getLogger("dvc")
+    level = dvc_log.level
+    dvc_log.addHandler(handler)
+    dvc_log.setLevel(logging.INFO)
+    try:
+        publish(built(root, 0)[0], root)
+    finally:
+        dvc_log.removeHandler(handler)
+        dvc_log.setLevel(level)
+    assert not [m for m in seen if "To track the changes with git" in m], seen
+
+
+def test_tool_memory_above_the_hard_limit_is_one_line():
+    """Under `ulimit -v` 8 GiB, env.tool_memory_mb=16384 failed every tool call (397 lines)."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
+    cmd = [sys.executable, "-m", "rcgrpo.cli", "plan", "--set", "env.tool_memory_mb=16384"]
+    out = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode != 0 and len(lines) == 1, out.stderr[-2000:]
+    assert "above this process's hard address-space limit of 8192 MiB" in lines[0]
+
+
+def test_full_disk_at_a_checkpoint_is_one_line_and_leaves_no_tmp(tmp_path):
+    """A real full disk: a 64 kB tmpfs as out_dir (mounting needs root; skipped otherwise)."""
+    import os
+    import shutil
+    import subprocess
+
+    from test_run_identity import _cfg
+    from test_sft import examples, tiny_model
+
+    from rcgrpo.training.checkpoint import CheckpointError
+    from rcgrpo.training.sft import train_sft
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a tiny tmpfs as the full disk")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)])
+    if mounted.returncode:
+        pytest.skip("this container may not mount a tmpfs")
+    try:
+        with pytest.raises(CheckpointError) as failed:
+            train_sft(tiny_model(), examples(8), _cfg(disk, save_every=1))
+        line = str(failed.value)
+        assert "\n" not in line and "no space left on the disk" in line and str(disk) in line
+        assert not list(disk.rglob("*.tmp")), list(disk.rglob("*"))
+    finally:
+        import gc
+
+        gc.collect()  # torch's writer of the failed save holds its (deleted) file until then
+        subprocess.run(["umount", str(disk)], check=True)
