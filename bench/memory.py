@@ -33,9 +33,14 @@ Both must give the same loss (1e-4). It also prints what rcgrpo.training.plan.me
 formula of `rcgrpo plan`) predicts for the budget path's peak and measured / predicted.
 Last line: the ratio token-budget / padded peak memory (target <= 0.5).
 
+--shares: the same step as the first mode at one length as the sampled share grows (3 % -> 50 %:
+a policy writing long messages), the chunked LM head (rcgrpo.training.grpo.head, --chunk rows
+at once) against the same head in one piece. Last line: peak at the largest share / smallest.
+
     .venv/bin/python bench/memory.py                          # 2048,4096,8192 (~2-4 min, ~20 GB)
     .venv/bin/python bench/memory.py --lengths 1024,2048      # a quick look
     .venv/bin/python bench/memory.py --mix                    # the length mix (~2-4 min, ~12 GB)
+    .venv/bin/python bench/memory.py --shares 0.03,0.5 --lengths 4096 --chunk 128  # LM head
 """
 
 from __future__ import annotations
@@ -106,16 +111,22 @@ def child(path: str, T: int, frac: float) -> dict:
     resource.setrlimit(resource.RLIMIT_AS, (size + grow, size + grow))
     Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
     base = status_kb("VmRSS")
-    if path == "new":
+    if path in ("new", "unchunked"):
+        from rcgrpo.training.grpo import head
+
+        head.CHUNK = (
+            10**9
+            if path == "unchunked"
+            else int(os.environ.get("RCGRPO_BENCH_CHUNK", 0)) or head.CHUNK
+        )
         trainer = Trainer(policy, None, [], RLConfig(), temperature=1.0)  # + reference adapter
         with torch.no_grad():
-            old, logits, where = trainer._logprobs(model, ids, attn, mask)
+            old, _, where = trainer._logprobs(model, ids, attn, mask)
             gap = ((sampled - old).abs() * mask).sum()
             ref = trainer._ref_logprobs(ids, attn, mask)
-        del logits
         model.train()
-        logp, logits, where = trainer._logprobs(model, ids, attn, mask)
-        entropy = scatter(token_entropy(logits.detach()), where)
+        logp, head_out, where = trainer._logprobs(model, ids, attn, mask)
+        entropy = scatter(head_out.entropy, where)
     else:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)  # the old reference
         with torch.no_grad():
@@ -132,11 +143,13 @@ def child(path: str, T: int, frac: float) -> dict:
             "entropy": stats["entropy"], "gap": float(gap), "sampled": int(mask.sum())}  # fmt: skip
 
 
-def measure(path: str, T: int, frac: float, threads: int, child_args=None) -> dict:
+def measure(path: str, T: int, frac: float, threads: int, child_args=None, chunk: int = 0) -> dict:
     avail = status_available()
     limit = max(avail - 2 * GB, GB)
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "OMP_NUM_THREADS": str(threads),
-           "RCGRPO_BENCH_LIMIT": str(int(limit))}  # fmt: skip
+           "RCGRPO_BENCH_LIMIT": str(int(limit)), "RCGRPO_BENCH_CHUNK": str(chunk)}  # fmt: skip
+    if chunk:  # --shares: a fixed mmap threshold, or glibc's moving one keeps freed chunks in RSS
+        env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 20)
     child_args = child_args or ["--child", path, str(T)]
     run = subprocess.run(
         [sys.executable, __file__, *child_args, "--mask-frac", str(frac)],
@@ -310,6 +323,33 @@ def run_mix(args) -> None:
     print(f"token-budget/padded peak memory: {ratio:.3f} (target <= 0.5)")
 
 
+def run_shares(args) -> None:
+    """--shares: one RL step's peak as the sampled share grows, the chunked LM head
+    (rcgrpo.training.grpo.head) against the same head unchunked (one (N, V) at once)."""
+    T, shares = int(args.lengths.split(",")[0]), [float(x) for x in args.shares.split(",")]
+    print(f"qwen-shape, 1 sequence of {T:,} tokens, head chunk {args.chunk or 'head.CHUNK'}; "
+          f"threads {args.threads}; MemAvailable {status_available() / GB:.1f} GB")  # fmt: skip
+    print(f"{'share':>6} {'sampled':>8} {'chunked GB':>11} {'unchunked GB':>13}")
+    peak = {}
+    for share in shares:
+        got = {
+            p: measure(p, T, share, args.threads, chunk=args.chunk) for p in ("new", "unchunked")
+        }
+        if "oom_gb" in got["new"]:
+            raise RuntimeError(f"the chunked head ran out of memory: {got['new']['error']}")
+        un = got["unchunked"]
+        un_txt = f">{un['oom_gb']:.1f}" if "oom_gb" in un else f"{un['peak_gb']:.2f}"
+        if "loss" in un:
+            assert abs(got["new"]["loss"] - un["loss"]) < 1e-5, got  # the same step
+        peak[share] = (got["new"]["peak_gb"], un.get("peak_gb", un.get("oom_gb")))
+        print(
+            f"{share:>6.2f} {got['new']['sampled']:>8} {got['new']['peak_gb']:>11.2f} {un_txt:>13}"
+        )
+    lo, hi = min(shares), max(shares)
+    print(f"chunked peak {hi:.0%}/{lo:.0%} share: {peak[hi][0] / peak[lo][0]:.2f} (target <= 1.1); "
+          f"unchunked: {peak[hi][1] / peak[lo][1]:.2f}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="2048,4096,8192", help="sequence lengths, tokens")
@@ -323,6 +363,13 @@ def main() -> None:
     ap.add_argument("--mix", action="store_true", help="the length mix: budget vs padded")
     ap.add_argument("--scale", type=float, default=4.0, help="--mix: divide the 7B lengths by")
     ap.add_argument("--max-tokens", type=int, default=0, help="--mix: budget (0 = the longest)")
+    ap.add_argument(
+        "--shares",
+        default="",
+        help="sampled shares, e.g. 0.03,0.5: the LM head's "
+        "peak, chunked vs unchunked, at --lengths' first length",
+    )
+    ap.add_argument("--chunk", type=int, default=0, help="--shares: head chunk (0 = head.CHUNK)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--mix-child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -341,6 +388,8 @@ def main() -> None:
         args.mask_frac = 0.033 if args.mix else 0.1
     if args.mix:
         return run_mix(args)
+    if args.shares:
+        return run_shares(args)
     lengths = [int(x) for x in args.lengths.split(",")]
     print(f"qwen-shape, 1 sequence, {args.mask_frac:.0%} sampled; threads {args.threads}; "
           f"load {os.getloadavg()}; MemAvailable {status_available() / GB:.1f} GB")  # fmt: skip

@@ -30,7 +30,13 @@ def full_logits_loss(model, ids, attn, mask, old, ref, adv, temperature):
     return logp, loss, stats
 
 
-def test_masked_rl_path_gives_the_full_path_logprobs_loss_and_gradients(tmp_path):
+@pytest.mark.parametrize("chunk", [None, 4])  # one chunk; 3 chunks of <= 4 sampled positions
+def test_masked_rl_path_gives_the_full_path_logprobs_loss_and_gradients(tmp_path, monkeypatch,
+                                                                         chunk):  # fmt: skip
+    from rcgrpo.training.grpo import head
+
+    if chunk:
+        monkeypatch.setattr(head, "CHUNK", chunk)
     torch.manual_seed(0)
     model = tiny_llama(16, seed=3)
     trainer = Trainer(SimpleNamespace(model=model), None, [], RLConfig(), temperature=0.7)
@@ -44,8 +50,8 @@ def test_masked_rl_path_gives_the_full_path_logprobs_loss_and_gradients(tmp_path
     adv = torch.tensor([1.0, -0.5, 0.25])
 
     model.train()
-    logp, logits, where = trainer._logprobs(model, ids, attn, mask)
-    entropy = scatter(token_entropy(logits.detach()), where)
+    logp, sampled, where = trainer._logprobs(model, ids, attn, mask)
+    entropy = scatter(sampled.entropy, where)
     loss, stats = policy_loss(logp, old, adv, mask, ref, entropy=entropy)
     loss.backward()
     grads = [p.grad.clone() for p in model.parameters()]
@@ -56,7 +62,7 @@ def test_masked_rl_path_gives_the_full_path_logprobs_loss_and_gradients(tmp_path
     torch.testing.assert_close(logp, full_logp * mask, rtol=0, atol=1e-6)
     assert abs(loss.item() - full_loss.item()) < 1e-6
     assert stats == pytest.approx(full_stats, abs=1e-6)  # entropy included: sampled positions
-    assert stats["entropy"] > 0 and logits.shape == (int(mask.sum()), 16)  # (N, V), N = 9
+    assert stats["entropy"] > 0 and sampled.entropy.shape == (int(mask.sum()),)  # (N,), N = 9
     for g, p in zip(grads, model.parameters(), strict=True):
         torch.testing.assert_close(g, p.grad, rtol=0, atol=1e-6)
     # the reference's log-probs through the trainer: the deep copy (full fine-tune) = the model

@@ -108,21 +108,34 @@ def _pick(values: torch.Tensor, index, where: torch.Tensor) -> torch.Tensor:
     return values[0][index[:, :-1][where]]
 
 
+def masked_hidden(model, ids: torch.Tensor, attn: torch.Tensor, targets: torch.Tensor):
+    """(hidden (N, d), where (B, T-1) bool, head): the decoder's output at the N positions
+    predicting a trained token, and the module that turns it into logits (the LM head). A model
+    whose head has extra math (final_logit_softcapping) runs whole: hidden is then its logits
+    (N, V) and head the identity. ids, attn (B, T); targets (B, T-1) aligned with ids[:, 1:].
+    No KV cache is built (use_cache=False: an eval-mode forward would otherwise keep every
+    layer's keys and values until it returns)."""
+    where = targets.bool()
+    kwargs, index = decoder_inputs(model, ids, attn)
+    if getattr(model.config, "final_logit_softcapping", None):  # a head with extra math: full
+        return _pick(model(**kwargs, use_cache=False).logits, index, where), where, _identity
+    hidden = model.get_decoder()(**kwargs, use_cache=False).last_hidden_state  # (B|1, T|L, d)
+    return _pick(hidden, index, where), where, model.get_output_embeddings()
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 def masked_logits(model, ids: torch.Tensor, attn: torch.Tensor, targets: torch.Tensor):
     """Logits predicting ids[:, 1:] where `targets` is set.
 
     ids, attn: (B, T); targets: (B, T-1), aligned with ids[:, 1:] (1 = a trained token).
     Returns (logits (N, V), where (B, T-1) bool), N = where.sum(): row n of logits predicts
     ids[:, 1:][where][n] from its prefix. Works for transformers causal LMs and peft models
-    around them (LoRA is applied inside the decoder). No KV cache is built (use_cache=False:
-    an eval-mode forward would otherwise keep every layer's keys and values until it returns).
-    """
-    where = targets.bool()
-    kwargs, index = decoder_inputs(model, ids, attn)
-    if getattr(model.config, "final_logit_softcapping", None):  # a head with extra math: full
-        return _pick(model(**kwargs, use_cache=False).logits, index, where), where
-    hidden = model.get_decoder()(**kwargs, use_cache=False).last_hidden_state  # (B|1, T|L, d)
-    return model.get_output_embeddings()(_pick(hidden, index, where)), where  # (N, V)
+    around them (LoRA is applied inside the decoder)."""
+    hidden, where, head = masked_hidden(model, ids, attn, targets)
+    return head(hidden), where  # (N, V)
 
 
 def scatter(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:

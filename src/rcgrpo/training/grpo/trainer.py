@@ -133,8 +133,8 @@ class Trainer:
         return rollouts.draw(self.tasks, self.cfg, step)
 
     def _logprobs(self, model, ids, attn, mask):
-        """Log-probs (B, T-1), logits (N, V) and positions at this run's temperature
-        (update.logprobs)."""
+        """Log-probs (B, T-1), head.Sampled (entropy, T = 1 log-probs) and positions at this
+        run's temperature (update.logprobs)."""
         return update.logprobs(model, ids, attn, mask, self.temperature)
 
     def _ref_logprobs(self, ids, attn, mask):

@@ -9,8 +9,8 @@ A micro-batch is an index tensor into the step's padded batch (B, T); its forwar
 only its own width, the longest of its members (`width`), not the batch's T: with
 token-budget micro-batches (core_algos.minibatch_indices, rcgrpo.training.batching) a
 micro-batch of short rollouts never pays for the step's longest one.
-Log-probs and entropy use the LM head at sampled positions only, (N, V), never (B, T, V)
-(rcgrpo.training.forward.masked_logits). Under `accelerate launch` each rank runs its share of
+Log-probs and entropy use the LM head at sampled positions only, in chunks, never (B, T, V)
+(rcgrpo.training.forward.masked_hidden, rcgrpo.training.grpo.head). Under `accelerate launch` each rank runs its share of
 each mini-batch's micro-batches and gradients are all-reduced once per optimizer step, with the
 loss weighted by the GLOBAL mini-batch's tokens (or sequences), so N ranks make the 1-rank step.
 The batch stays in host memory (B x T of the paper preset is GBs); each micro-batch goes to the
@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
-from rcgrpo.training.forward import masked_logits, scatter, with_training_attention
+from rcgrpo.training.forward import masked_hidden, scatter, with_training_attention
 from rcgrpo.training.grpo.config import RLConfig
-from rcgrpo.training.grpo.core_algos import policy_loss, token_entropy, token_logprobs
+from rcgrpo.training.grpo.core_algos import policy_loss
+from rcgrpo.training.grpo.head import head_logprobs
 
 
 @dataclass
@@ -72,15 +73,15 @@ def device_of(model) -> torch.device:
 
 def logprobs(model, ids, attn, mask, temperature: float = 1.0):
     """Log-probs of ids[:, 1:] at the sampling temperature, (B, T-1) with 0 where mask (B, T-1)
-    is 0; the raw logits (N, V) at the N sampled positions (temperature 1, what the engine
-    reports its log-probs at) and those positions, where (B, T-1). All on the model's device
-    (the inputs are moved there)."""
+    is 0; the entropy and T = 1 log-probs at the N sampled positions (head.Sampled, no grad)
+    and those positions, where (B, T-1). The LM head runs in chunks (rcgrpo.training.grpo.head:
+    its memory does not grow with the sampled share). All on the model's device (the inputs
+    are moved there)."""
     dev = device_of(model)
     ids, attn, mask = ids.to(dev), attn.to(dev), mask.to(dev)
-    logits, where = masked_logits(model, ids, attn, mask)
-    logits = logits.float()
-    scaled = logits if temperature == 1.0 else logits / temperature
-    return scatter(token_logprobs(scaled, ids[:, 1:][where]), where), logits, where
+    hidden, where, head = masked_hidden(model, ids, attn, mask)
+    logp, sampled = head_logprobs(head, hidden, ids[:, 1:][where], temperature)
+    return scatter(logp, where), sampled, where
 
 
 @with_training_attention  # flash-attention where chosen; the engines keep the loaded one
@@ -99,11 +100,11 @@ def behaviour_logprobs(model, batch: Batch, micro_batches, logprob_fn, temperatu
     for c in micro_batches:
         cols = width(attn, c)  # (b, cols) inputs, (b, cols-1) targets
         x, a, m = ids[c, :cols], attn[c, :cols], mask[c, : cols - 1]
-        mine, logits, where = logprob_fn(model, x, a, m)  # on the model's device
+        mine, sampled, where = logprob_fn(model, x, a, m)  # on the model's device
         dev = mine.device
         old[c, : cols - 1] = mine.to(old.device)
         if temperature != 1.0:
-            mine = scatter(token_logprobs(logits, x[:, 1:].to(dev)[where]), where)
+            mine = scatter(sampled.logp1, where)  # the engine's log-probs are at T = 1
         gap += ((batch.sampled_logp[c, : cols - 1].to(dev) - mine).abs() * m.to(dev)).sum().cpu()
         if ref is not None:
             ref[c, : cols - 1] = ref_fn(x, a, m).to(ref.device)
@@ -136,7 +137,7 @@ def ppo_updates(model, optimizer, ranks, batch: Batch, old, ref, adv, passes, cf
             m = mask[c, : cols - 1]
             # under accelerate: through the DDP/FSDP wrapper, all-reduced on the last one
             with ranks.syncing(i, len(mine)):
-                logp, logits, where = ranks.forward(logprob_fn, ids[c, :cols], attn[c, :cols], m)
+                logp, sampled, where = ranks.forward(logprob_fn, ids[c, :cols], attn[c, :cols], m)
                 loss, stats = policy_loss(  # this micro-batch's slices on the model's device
                     logp,
                     old[c, : cols - 1].to(dev),
@@ -147,7 +148,7 @@ def ppo_updates(model, optimizer, ranks, batch: Batch, old, ref, adv, passes, cf
                     kl_coef=cfg.kl_coef,
                     kl_estimator=cfg.kl_estimator,
                     aggregation=cfg.aggregation,
-                    entropy=scatter(token_entropy(logits.detach()), where),
+                    entropy=scatter(sampled.entropy, where),
                 )
                 w = size(c) / total * share  # token (or sequence) share of the GLOBAL mini-batch
                 ranks.backward(loss * w)
