@@ -77,8 +77,9 @@ def environ(pid: int) -> dict[str, str]:
     return dict(kv.decode().split("=", 1) for kv in raw if b"=" in kv)
 
 
-def run_owner(argv: list[str], extra_env: dict) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **extra_env}
+def run_owner(argv: list[str], extra_env: dict, tmp: Path) -> subprocess.Popen:
+    """The owner, its temporary files under `tmp` (a kill -9 leaves its engine's folder)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TMPDIR": str(tmp), **extra_env}
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             cwd=ROOT, start_new_session=True)  # fmt: skip
 
@@ -94,8 +95,8 @@ def end(proc: subprocess.Popen, pids: list[int]) -> None:
     proc.stdout.close()
 
 
-def test_kill_9_of_the_owner_leaves_no_server_within_10_s():
-    proc = run_owner([sys.executable, str(OWNER)], LAUNCHER)
+def test_kill_9_of_the_owner_leaves_no_server_within_10_s(tmp_path):
+    proc = run_owner([sys.executable, str(OWNER)], LAUNCHER, tmp_path)
     pids = first_line(proc)
     try:
         assert alive(pids["server"])
@@ -110,13 +111,13 @@ def test_kill_9_of_the_owner_leaves_no_server_within_10_s():
         end(proc, list(pids.values()))
 
 
-def test_sigterm_to_a_torchrun_rank_leaves_no_server_within_10_s():
+def test_sigterm_to_a_torchrun_rank_leaves_no_server_within_10_s(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
             "--master-port", str(port), str(OWNER)]  # fmt: skip
-    proc = run_owner(argv, {"OMP_NUM_THREADS": "1"})
+    proc = run_owner(argv, {"OMP_NUM_THREADS": "1"}, tmp_path)
     pids = first_line(proc)
     try:
         assert environ(pids["owner"])["LOCAL_RANK"] == "0"  # a real torchrun rank

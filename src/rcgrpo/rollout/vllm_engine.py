@@ -40,6 +40,7 @@ loads) or rollout (the current adapter is loaded again after a wake-up).
 
 from __future__ import annotations
 
+import atexit
 import secrets
 import shutil
 import tempfile
@@ -72,8 +73,15 @@ class VLLMEngine(Engine):
         self.dev_routes = dev_routes  # benchmarks: /reset_prefix_cache between configurations
         # issue 20 (one process per GPU): this rank's device; its one server runs on that GPU
         self.device = device or getattr(policy.config, "device", None)
-        self.own_workdir = workdir is None  # removed by close()
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="rcgrpo-vllm-"))
+        from rcgrpo.models.serving import served_root
+
+        self.own_workdir = workdir is None  # removed by close() or at exit; inside a run, under
+        root = served_root()  # the run's folder (gone with the run even after a kill -9)
+        if root is not None:
+            root.mkdir(parents=True, exist_ok=True)
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="rcgrpo-vllm-", dir=root))
+        if self.own_workdir:
+            atexit.register(shutil.rmtree, self.workdir, True)
         self.version = 0
         self.model_name = BASE_NAME
         self.sync_seconds: list[float] = []  # per sync, for benches and the README

@@ -155,7 +155,8 @@ class VLLMServer:
         if left := vllm_lifecycle.leftovers():
             warnings.warn(vllm_lifecycle.leftover_line(left), stacklevel=2)
         self.port = free_port()
-        self.home = Path(tempfile.mkdtemp(prefix="rcgrpo-vllm-home-"))  # mode 0700
+        # mode 0700, beside its log (inside a run: under the run's folder, gone with it)
+        self.home = Path(tempfile.mkdtemp(prefix="rcgrpo-vllm-home-", dir=self.log_path.parent))
         shutil.copyfile(Path(__file__).with_name("vllm_guard.py"), self.home / f"{GUARD}.py")
         with open(self.log_path, "w") as log:
             # own session = own process group: stop() signals the API server and its engine core
