@@ -143,7 +143,7 @@ def parse_sets(
     the one `section` -> {key: value}. Raises ConfigError naming the offending `--set`:
     `rl.p_high=7.0: must be in [0, 1]`. together: also check the rules over several fields (a
     __post_init__) on params.yaml's section; off where a preset comes in between (`rcgrpo run`
-    checks the section as it will run, preset included: flows.pipeline.plan_run)."""
+    checks the section as it will run, preset included: rcgrpo.run_config.resolve)."""
     out: dict = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")

@@ -64,8 +64,10 @@ def run_stage(
     the stage, which also gets the model). On `rc.plan.procs` > 1 outside torchrun: launch."""
     from rcgrpo.bfcl import sandbox
     from rcgrpo.training import distributed
+    from rcgrpo.training.checkpoint import check_writable
 
     cfg = stage_section(rc, stage)
+    check_writable(cfg.out_dir)  # before any run opens or any file is written: one line
     if rc.plan.procs > 1 and not distributed.launched():
         return launch(stage, rc, run_id)
     sandbox.use(rc.env)  # before any tool worker starts

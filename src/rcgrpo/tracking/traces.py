@@ -1,7 +1,7 @@
 """Rollouts and evaluation episodes as MLflow traces: which ones, with which tags, and the hooks.
 
 The RL trainer and the evaluation sit below tracking and never import it: they take a callback
-(`Trainer(on_rollouts=...)`, `evaluate(on_rollouts=...)`) that flows/train.py and
+(`Trainer(on_rollouts=...)`, `evaluate(on_rollouts=...)`) that rcgrpo.tracking.stage and
 flows/evaluate.py build here. The RL hook receives the step's StepRollouts, the very rollouts,
 rewards and advantages the update trains on, right after they were sampled and scored; the
 evaluation hook receives each pass's rollouts. Sampling (params.yaml `traces:`, TracesConfig):
