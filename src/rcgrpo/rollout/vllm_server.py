@@ -131,8 +131,11 @@ class VLLMServer:
         return cmd + self.args
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in vllm_lifecycle.scrubbed(dict(os.environ)).items()
-               if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}  # fmt: skip
+        env = {
+            k: v
+            for k, v in vllm_lifecycle.scrubbed(dict(os.environ)).items()
+            if not k.startswith(("PYTHON", "VIRTUAL_ENV"))
+        }
         env.update(
             VLLM_API_KEY=self.key, PYTHONPATH=str(self.home), VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
             VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
