@@ -22,8 +22,13 @@ def main() -> None:
     from rcgrpo.rollout.execution import make_engine
 
     policy = load_policy(ModelConfig(profile="tiny", lora=True, lora_r=8))
-    cfg = RolloutConfig(engine="vllm", max_new_tokens=8, max_total_tokens=1200,
-                        vllm_max_lora_rank=8, vllm_max_num_seqs=4)  # fmt: skip
+    cfg = RolloutConfig(
+        engine="vllm",
+        max_new_tokens=8,
+        max_total_tokens=1200,
+        vllm_max_lora_rank=8,
+        vllm_max_num_seqs=4,
+    )
     engine = make_engine(cfg, policy)
     server = engine.server
     line = {"owner": os.getpid(), "guard": server.proc.pid, "server": server.server_pid()}

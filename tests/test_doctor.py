@@ -19,8 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def cli(*args: str, **env: str) -> subprocess.CompletedProcess:
     full = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **env}
     full.pop("RCGRPO_ALLOW_CPU", None)
-    return subprocess.run([sys.executable, "-m", "rcgrpo.cli", *args], cwd=ROOT, env=full,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "rcgrpo.cli", *args],
+        cwd=ROOT,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.parametrize(

@@ -55,8 +55,11 @@ def test_the_optimizer_takes_the_rate_of_the_policys_training_mode_and_rl_freeze
         assert trainer.optimizer.param_groups[0]["lr"] == 7e-3
         names = {id(p): n for n, p in policy.model.named_parameters()}
         assert not [names[id(p)] for p in trainer.params if "trainable_tokens" in names[id(p)]]
-    assert rl_tags(rl, lora) == {"rl.training_mode": "lora", "rl.reward_rows": "frozen",
-                                 "rl.lr_used": "0.007"}  # fmt: skip
+    assert rl_tags(rl, lora) == {
+        "rl.training_mode": "lora",
+        "rl.reward_rows": "frozen",
+        "rl.lr_used": "0.007",
+    }
     assert rl_tags(rl, full)["rl.lr_used"] == "0.001"
 
 

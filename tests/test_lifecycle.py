@@ -35,8 +35,14 @@ from rcgrpo.rollout import vllm_lifecycle
 ROOT = Path(__file__).resolve().parents[1]
 OWNER = ROOT / "tests" / "lifecycle_owner.py"
 START_S = 900  # a server start on the shared box
-LAUNCHER = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": "29511", "TORCHELASTIC_RUN_ID": "lifecycle"}  # fmt: skip
+LAUNCHER = {
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+    "WORLD_SIZE": "1",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29511",
+    "TORCHELASTIC_RUN_ID": "lifecycle",
+}
 
 
 def alive(pid: int) -> bool:
@@ -80,8 +86,14 @@ def environ(pid: int) -> dict[str, str]:
 def run_owner(argv: list[str], extra_env: dict, tmp: Path) -> subprocess.Popen:
     """The owner, its temporary files under `tmp` (a kill -9 leaves its engine's folder)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TMPDIR": str(tmp), **extra_env}
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                            cwd=ROOT, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
 
 
 def end(proc: subprocess.Popen, pids: list[int]) -> None:
@@ -115,8 +127,16 @@ def test_sigterm_to_a_torchrun_rank_leaves_no_server_within_10_s(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-            "--master-port", str(port), str(OWNER)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "1",
+        "--master-port",
+        str(port),
+        str(OWNER),
+    ]
     proc = run_owner(argv, {"OMP_NUM_THREADS": "1"}, tmp_path)
     pids = first_line(proc)
     try:
@@ -136,9 +156,17 @@ def leftover():
     """A process that looks like a server of this project whose owner is gone (its parent is
     init or a subreaper, not a Python process)."""
     code = "import time; time.sleep(600)"
-    out = subprocess.run(["sh", "-c", f'{sys.executable} -c "{code}" '
-                          f'--middleware {vllm_lifecycle.MARK} >/dev/null 2>&1 & echo $!'],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [
+            "sh",
+            "-c",
+            f'{sys.executable} -c "{code}" '
+            f"--middleware {vllm_lifecycle.MARK} >/dev/null 2>&1 & echo $!",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     pid = int(out.stdout.split()[-1])
     deadline = time.monotonic() + 10
     while pid not in vllm_lifecycle.leftovers() and time.monotonic() < deadline:
@@ -150,8 +178,11 @@ def leftover():
 def my_servers() -> list[int]:
     """Live servers started by this process (through its guards)."""
     me = str(os.getpid())
-    return [p for p in vllm_lifecycle.servers_running()
-            if vllm_lifecycle._ppid(vllm_lifecycle._ppid(p)) == int(me)]  # fmt: skip
+    return [
+        p
+        for p in vllm_lifecycle.servers_running()
+        if vllm_lifecycle._ppid(vllm_lifecycle._ppid(p)) == int(me)
+    ]
 
 
 def test_three_evaluations_one_server_at_a_time_one_export_nothing_left(
@@ -168,10 +199,15 @@ def test_three_evaluations_one_server_at_a_time_one_export_nothing_left(
     model = ModelConfig(profile="tiny", lora=True, lora_r=8)
     folder = save_policy(load_policy(model), tmp_path / "policy", {"protocol": "bfcl"})
     exports, real = [], export.export_for_serving
-    monkeypatch.setattr(export, "export_for_serving",
-                        lambda p, f: exports.append(f) or real(p, f))  # fmt: skip
-    roll = RolloutConfig(engine="vllm", max_new_tokens=8, max_total_tokens=1200, max_steps=1,
-                         vllm_max_lora_rank=8, vllm_max_num_seqs=4)  # fmt: skip
+    monkeypatch.setattr(export, "export_for_serving", lambda p, f: exports.append(f) or real(p, f))
+    roll = RolloutConfig(
+        engine="vllm",
+        max_new_tokens=8,
+        max_total_tokens=1200,
+        max_steps=1,
+        vllm_max_lora_rank=8,
+        vllm_max_num_seqs=4,
+    )
     most, stop = [0], threading.Event()
 
     def watch():
@@ -185,8 +221,12 @@ def test_three_evaluations_one_server_at_a_time_one_export_nothing_left(
     try:
         with served_bases(run_dir):
             for i in range(3):  # before RL, after RL, held-out: the pipeline's three
-                cfg = EvalConfig(other_protocol=False, categories=("base",), limit=1,
-                                 out_dir=str(tmp_path / f"eval{i}"))  # fmt: skip
+                cfg = EvalConfig(
+                    other_protocol=False,
+                    categories=("base",),
+                    limit=1,
+                    out_dir=str(tmp_path / f"eval{i}"),
+                )
                 if i == 0:
                     with pytest.warns(UserWarning, match=rf"earlier rcgrpo run.*{leftover}"):
                         run_eval(cfg, model, folder, roll)

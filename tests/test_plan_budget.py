@@ -55,8 +55,18 @@ def planned(cmd: str):
     a = plan_args(cmd)
     cfg = resolve(a["preset"], a["sets"], a["profile"])
     gpu = C.GPUS["h100"]
-    make_plan(cfg["model"], cfg["rollout"], cfg["rl"], cfg["finetune"], cfg["stage"], a["gpus"],
-              gpu, gpu.memory_gb, C.SAMPLED_SHARE, C.MFU)  # fmt: skip
+    make_plan(
+        cfg["model"],
+        cfg["rollout"],
+        cfg["rl"],
+        cfg["finetune"],
+        cfg["stage"],
+        a["gpus"],
+        gpu,
+        gpu.memory_gb,
+        C.SAMPLED_SHARE,
+        C.MFU,
+    )
     return budget_problem(cfg["model"], cfg["rollout"])
 
 
@@ -87,14 +97,25 @@ def test_plan_refuses_the_cpu_budget_for_a_7b_profile_in_one_line():
 
     cfg = resolve("cpu", [], "qwen2.5-7b-instruct")
     gpu = C.GPUS["h100"]
-    plan = make_plan(cfg["model"], cfg["rollout"], cfg["rl"], cfg["finetune"], cfg["stage"], 8,
-                     gpu, gpu.memory_gb, C.SAMPLED_SHARE, C.MFU)  # fmt: skip
+    plan = make_plan(
+        cfg["model"],
+        cfg["rollout"],
+        cfg["rl"],
+        cfg["finetune"],
+        cfg["stage"],
+        8,
+        gpu,
+        gpu.memory_gb,
+        C.SAMPLED_SHARE,
+        C.MFU,
+    )
     with pytest.raises(NoFit, match=r"^rollout: the longest first prompt \(7,757 tokens"):
         check(plan)
 
 
-@pytest.mark.parametrize(("profile", "protocols"), [("tiny", ("combined", "bfcl")),
-                                                    ("qwen-shape", ("combined",))])  # fmt: skip
+@pytest.mark.parametrize(
+    ("profile", "protocols"), [("tiny", ("combined", "bfcl")), ("qwen-shape", ("combined",))]
+)
 def test_first_prompt_figures_are_measured(profile, protocols):
     """FIRST_PROMPT_MAX re-measured: every task's first prompt (high goal) with the profile's
     tokenizer and tool docs (qwen-shape: the 7B profiles' tokenizer, full JSON docs)."""

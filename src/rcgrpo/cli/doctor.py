@@ -28,10 +28,14 @@ def doctor(
     for key, value in facts.items():
         typer.echo(f"{key:<{width}}  {value}")
     engine = resolve(preset, [], "")["rollout"].engine
-    typer.echo(f"\nmodel profiles here (model.device/dtype/attention auto; rollout.engine of "
-               f"preset {preset or 'default'}):")  # fmt: skip
-    rows = [("profile", "source", "device", "dtype", "attention", "engine"),
-            *host.profile_rows(engine)]  # fmt: skip
+    typer.echo(
+        f"\nmodel profiles here (model.device/dtype/attention auto; rollout.engine of "
+        f"preset {preset or 'default'}):"
+    )
+    rows = [
+        ("profile", "source", "device", "dtype", "attention", "engine"),
+        *host.profile_rows(engine),
+    ]
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         typer.echo("  ".join(f"{str(c):<{w}}" for c, w in zip(row, widths, strict=True)).rstrip())

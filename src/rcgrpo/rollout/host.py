@@ -56,8 +56,13 @@ def vllm_facts() -> dict:
         return {**facts, "vLLM importable": "no (make vllm-venv builds it)"}
     code = "import vllm; print(vllm.__version__)"
     try:
-        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "VLLM_NO_USAGE_STATS": "1"})  # fmt: skip
+        done = subprocess.run(
+            [python, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "VLLM_NO_USAGE_STATS": "1"},
+        )
     except subprocess.TimeoutExpired:
         return {**facts, "vLLM importable": "no (import took over 300 s)"}
     if done.returncode:
@@ -96,5 +101,7 @@ def cpu_refusal(profile: str, procs: int, engine: str, what: str) -> str | None:
     reasons += [f"--procs {procs}"] * (procs > 1) + ["rollout.engine=vllm"] * (engine == "vllm")
     if not reasons:
         return None
-    return (f"{what}: {', '.join(reasons)} would run on the CPU (torch {torch.__version__} sees "
-            "no GPU; see `rcgrpo doctor` and docs/gpu-setup.md); pass --allow-cpu to run anyway")  # fmt: skip
+    return (
+        f"{what}: {', '.join(reasons)} would run on the CPU (torch {torch.__version__} sees "
+        "no GPU; see `rcgrpo doctor` and docs/gpu-setup.md); pass --allow-cpu to run anyway"
+    )

@@ -25,9 +25,20 @@ import threading
 from pathlib import Path
 
 MARK = "rcgrpo_vllm_guard.BearerGuard"  # on every server's command line (--middleware)
-LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                 "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR",
-                 "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING")  # fmt: skip
+LAUNCHER_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+)
 LAUNCHER_PREFIXES = ("TORCHELASTIC_", "ACCELERATE_")
 
 LIVE: set = set()  # the servers this process started and has not stopped (VLLMServer)
@@ -36,8 +47,11 @@ _LOCK = threading.Lock()
 
 def scrubbed(env: dict[str, str]) -> dict[str, str]:
     """env without the launcher's (torchrun / accelerate) variables."""
-    return {k: v for k, v in env.items()
-            if k not in LAUNCHER_VARS and not k.startswith(LAUNCHER_PREFIXES)}  # fmt: skip
+    return {
+        k: v
+        for k, v in env.items()
+        if k not in LAUNCHER_VARS and not k.startswith(LAUNCHER_PREFIXES)
+    }
 
 
 def group_alive(pgid: int) -> list[int]:
@@ -89,9 +103,11 @@ def leftovers() -> list[int]:
 
 def leftover_line(pids: list[int]) -> str:
     """One line naming the servers left behind, and how to stop them."""
-    return (f"{len(pids)} vLLM server(s) of an earlier rcgrpo run still running (pid "
-            f"{', '.join(map(str, pids))}; they hold their GPU memory): stop them with "
-            f"`kill {' '.join(map(str, pids))}`")  # fmt: skip
+    return (
+        f"{len(pids)} vLLM server(s) of an earlier rcgrpo run still running (pid "
+        f"{', '.join(map(str, pids))}; they hold their GPU memory): stop them with "
+        f"`kill {' '.join(map(str, pids))}`"
+    )
 
 
 def register(server) -> None:

@@ -47,8 +47,11 @@ def rl_tags(cfg: RLConfig, model_cfg) -> dict[str, str]:
     from rcgrpo.training.optim import learning_rate
 
     lora = PROFILES[model_cfg.profile].lora if model_cfg.lora is None else model_cfg.lora
-    return {"rl.training_mode": "lora" if lora else "full", "rl.reward_rows": "frozen",
-            "rl.lr_used": f"{learning_rate(cfg, lora):g}"}  # fmt: skip
+    return {
+        "rl.training_mode": "lora" if lora else "full",
+        "rl.reward_rows": "frozen",
+        "rl.lr_used": f"{learning_rate(cfg, lora):g}",
+    }
 
 
 def run_rl(

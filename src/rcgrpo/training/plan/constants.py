@@ -183,5 +183,9 @@ PEER = ("NeMo RL v0.4, GRPO Llama-3.1-8B on 16 x H100 (1,060-token rollouts)", 1
 # reward goal), in tokens, over all 800 BFCL v4 multi-turn tasks, per (compact tool docs,
 # protocol): full JSON docs with the 7B profiles' tokenizer (qwen-shape), compact docs with
 # tiny's. Measured, and kept true, by tests/test_plan_budget.py (2026-12-05).
-FIRST_PROMPT_MAX = {(False, "combined"): 7757, (False, "bfcl"): 7536,
-                    (True, "combined"): 1185, (True, "bfcl"): 948}  # fmt: skip
+FIRST_PROMPT_MAX = {
+    (False, "combined"): 7757,
+    (False, "bfcl"): 7536,
+    (True, "combined"): 1185,
+    (True, "bfcl"): 948,
+}

@@ -237,10 +237,12 @@ def budget_problem(model, rollout) -> str | None:
     if first + 1 < budget:
         return None
     docs = "compact" if compact else "full JSON"
-    return (f"rollout: the longest first prompt ({first:,} tokens, {docs} tool docs, "
-            f"{rollout.protocol} protocol) does not fit rollout.max_total_tokens = {budget:,}; "
-            f"raise it, or set it to 0 for the profile's ({profile.max_total_tokens:,}), "
-            "e.g. --preset paper")  # fmt: skip
+    return (
+        f"rollout: the longest first prompt ({first:,} tokens, {docs} tool docs, "
+        f"{rollout.protocol} protocol) does not fit rollout.max_total_tokens = {budget:,}; "
+        f"raise it, or set it to 0 for the profile's ({profile.max_total_tokens:,}), "
+        "e.g. --preset paper"
+    )
 
 
 def check(plan: Plan) -> None:
