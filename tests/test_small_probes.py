@@ -113,3 +113,36 @@ def test_full_disk_at_a_checkpoint_is_one_line_and_leaves_no_tmp(tmp_path):
 
         gc.collect()  # torch's writer of the failed save holds its (deleted) file until then
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def _dict_content(line: bytes) -> bytes:
+    import json
+
+    row = json.loads(line)
+    row["messages"][0]["content"] = {"x": 1}
+    return json.dumps(row).encode() + b"\n"
+
+
+@pytest.mark.parametrize(
+    ("spoil", "says"),
+    [
+        (lambda line: line[:40] + b"\xff\xfe" + line[40:], "not UTF-8"),
+        (lambda line: b"[" * 100_000 + b"]" * 100_000 + b"\n", "nested too deep"),
+        (_dict_content, "string (or null) 'content'"),
+        (lambda line: line[:-2] + b', "pad": "' + b"x" * (5 << 20) + b'"}\n', "MiB limit"),
+    ],
+)
+def test_bad_jsonl_rows_fail_in_one_line_naming_the_row(tmp_path, spoil, says):
+    from rcgrpo.bfcl.tasks import tasks_in
+    from rcgrpo.chat.record import RecordError, read_jsonl, write_jsonl
+    from rcgrpo.data.experts import expert
+
+    path = write_jsonl(
+        tmp_path / "rctp.jsonl", [expert(t, "combined") for t in tasks_in("train")[:2]]
+    )
+    first, second = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(first + spoil(second))
+    with pytest.raises(RecordError) as bad:
+        read_jsonl(path)
+    line = str(bad.value)
+    assert "\n" not in line and f"{path}:2" in line and says in line, line[:300]

@@ -20,6 +20,7 @@ HIGH, LOW = "<|high_reward|>", "<|low_reward|>"
 REWARD_TOKENS = (HIGH, LOW)
 PROTOCOLS = ("bfcl", "combined")
 SPLITS = ("train", "test")
+MAX_ROW_BYTES = 4 << 20  # a record is a few kB; an 8 MB row once cost 2 GB before it was dropped
 
 
 class RecordError(ValueError):
@@ -103,10 +104,15 @@ def from_dict(row: dict, where: str = "row") -> Trajectory:
         )
     _expect(
         isinstance(row["messages"], list)
-        and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in row["messages"]),
+        and all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str | None)
+            for m in row["messages"]
+        ),
         where,
         "messages",
-        "must be a list of objects with a 'role'",
+        "must be a list of objects with a 'role' and a string (or null) 'content'",
     )
     calls = row["calls"]
     _expect(
@@ -145,17 +151,29 @@ def read_jsonl(path: str | Path) -> list[Trajectory]:
     if not path.exists():
         raise FileNotFoundError(f"trajectory file {path} does not exist")
     records = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:  # bytes: the size and the encoding checked per row
+        for number, raw in enumerate(handle, start=1):
+            where = f"{path}:{number}"
+            _expect(
+                len(raw) <= MAX_ROW_BYTES,
+                where,
+                "<row>",
+                f"is {len(raw) / 2**20:.1f} MiB, above the {MAX_ROW_BYTES >> 20} MiB limit",
+            )
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RecordError(f"{where}: not UTF-8 (byte {e.start + 1}: {e.reason})") from None
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise RecordError(
                     f"{where}: not valid JSON ({e.msg} at column {e.colno})"
                 ) from None
+            except RecursionError:
+                raise RecordError(f"{where}: JSON nested too deep to be a record") from None
             records.append(from_dict(row, where))
     return records
 
