@@ -146,8 +146,13 @@ def child(path: str, T: int, frac: float) -> dict:
 def measure(path: str, T: int, frac: float, threads: int, child_args=None, chunk: int = 0) -> dict:
     avail = status_available()
     limit = max(avail - 2 * GB, GB)
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "OMP_NUM_THREADS": str(threads),
-           "RCGRPO_BENCH_LIMIT": str(int(limit)), "RCGRPO_BENCH_CHUNK": str(chunk)}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}",
+        "OMP_NUM_THREADS": str(threads),
+        "RCGRPO_BENCH_LIMIT": str(int(limit)),
+        "RCGRPO_BENCH_CHUNK": str(chunk),
+    }
     if chunk:  # --shares: a fixed mmap threshold, or glibc's moving one keeps freed chunks in RSS
         env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 20)
     child_args = child_args or ["--child", path, str(T)]
@@ -181,8 +186,9 @@ def estimate(frac: float) -> None:
     arch, tokens = architecture("qwen2.5-7b-instruct"), 8 * 8192
     lora = arch.lora_params(16, LORA_TARGETS["qwen2"])
     layer = measured_layer("qwen2.5-7b-instruct", "bfloat16")
-    terms = static_terms(arch, 2, lora, 1, True) + update_terms(arch, tokens, int(frac * tokens),
-                                                                2, True, layer)  # fmt: skip
+    terms = static_terms(arch, 2, lora, 1, True) + update_terms(
+        arch, tokens, int(frac * tokens), 2, True, layer
+    )
     print(f"\nEstimate (rcgrpo.training.plan.memory): Qwen2.5-7B + LoRA, 8 x 8,192 tokens, "
           f"{frac:.0%} sampled")  # fmt: skip
     for t in terms:
@@ -327,8 +333,10 @@ def run_shares(args) -> None:
     """--shares: one RL step's peak as the sampled share grows, the chunked LM head
     (rcgrpo.training.grpo.head) against the same head unchunked (one (N, V) at once)."""
     T, shares = int(args.lengths.split(",")[0]), [float(x) for x in args.shares.split(",")]
-    print(f"qwen-shape, 1 sequence of {T:,} tokens, head chunk {args.chunk or 'head.CHUNK'}; "
-          f"threads {args.threads}; MemAvailable {status_available() / GB:.1f} GB")  # fmt: skip
+    print(
+        f"qwen-shape, 1 sequence of {T:,} tokens, head chunk {args.chunk or 'head.CHUNK'}; "
+        f"threads {args.threads}; MemAvailable {status_available() / GB:.1f} GB"
+    )
     print(f"{'share':>6} {'sampled':>8} {'chunked GB':>11} {'unchunked GB':>13}")
     peak = {}
     for share in shares:
@@ -346,8 +354,10 @@ def run_shares(args) -> None:
             f"{share:>6.2f} {got['new']['sampled']:>8} {got['new']['peak_gb']:>11.2f} {un_txt:>13}"
         )
     lo, hi = min(shares), max(shares)
-    print(f"chunked peak {hi:.0%}/{lo:.0%} share: {peak[hi][0] / peak[lo][0]:.2f} (target <= 1.1); "
-          f"unchunked: {peak[hi][1] / peak[lo][1]:.2f}")  # fmt: skip
+    print(
+        f"chunked peak {hi:.0%}/{lo:.0%} share: {peak[hi][0] / peak[lo][0]:.2f} (target <= 1.1); "
+        f"unchunked: {peak[hi][1] / peak[lo][1]:.2f}"
+    )
 
 
 def main() -> None:

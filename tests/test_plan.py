@@ -159,12 +159,26 @@ def test_paper_preset_fits_8_h100_and_one_24gb_gpu_exits_2_with_one_line():
     out = plan_cli(*paper, "--gpus", "8", "--gpu-memory", "80")
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    for term in ("weights (frozen)", "LoRA + AdamW", "reference: frozen copy", "checkpointed",
-                 "one layer recomputed", "vLLM KV cache", "vLLM LoRA slots", "NCCL buffers",
-                 "vLLM CUDA context", "85.0 GB physical", "measured by `rcgrpo plan --measure`",
-                 "rl rollouts: vLLM awake, trainer cache empty", "rl update, vLLM asleep",
-                 "fp32 master weights", "scheduler lockstep", "scheduler async", "tokens/s/GPU",
-                 "NeMo RL"):  # fmt: skip
+    for term in (
+        "weights (frozen)",
+        "LoRA + AdamW",
+        "reference: frozen copy",
+        "checkpointed",
+        "one layer recomputed",
+        "vLLM KV cache",
+        "vLLM LoRA slots",
+        "NCCL buffers",
+        "vLLM CUDA context",
+        "85.0 GB physical",
+        "measured by `rcgrpo plan --measure`",
+        "rl rollouts: vLLM awake, trainer cache empty",
+        "rl update, vLLM asleep",
+        "fp32 master weights",
+        "scheduler lockstep",
+        "scheduler async",
+        "tokens/s/GPU",
+        "NeMo RL",
+    ):
         assert term in text, term
     assert text.rstrip().endswith("fits: yes")
     headroom = [float(h) for h in re.findall(r"headroom ([\d.]+)%", text)]
@@ -174,8 +188,17 @@ def test_paper_preset_fits_8_h100_and_one_24gb_gpu_exits_2_with_one_line():
     lines = small.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: rl:"), lines
     # vLLM resident through the update (no sleep): under 8 % headroom, exit 2 with one line
-    awake = plan_cli(*paper, "--gpus", "8", "--gpu-memory", "80", "--set",
-                     "rollout.vllm_sleep_mode=false", "--set", "rollout.vllm_gpu_memory_utilization=0.28")  # fmt: skip
+    awake = plan_cli(
+        *paper,
+        "--gpus",
+        "8",
+        "--gpu-memory",
+        "80",
+        "--set",
+        "rollout.vllm_sleep_mode=false",
+        "--set",
+        "rollout.vllm_gpu_memory_utilization=0.28",
+    )
     lines = awake.stderr.strip().splitlines()
     assert awake.returncode == 2 and len(lines) == 1 and "8% headroom" in lines[0], awake.stderr
     # the profile's own 81,920-token episodes with vLLM asleep: the update fits

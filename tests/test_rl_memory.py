@@ -31,8 +31,9 @@ def full_logits_loss(model, ids, attn, mask, old, ref, adv, temperature):
 
 
 @pytest.mark.parametrize("chunk", [None, 4])  # one chunk; 3 chunks of <= 4 sampled positions
-def test_masked_rl_path_gives_the_full_path_logprobs_loss_and_gradients(tmp_path, monkeypatch,
-                                                                         chunk):  # fmt: skip
+def test_masked_rl_path_gives_the_full_path_logprobs_loss_and_gradients(
+    tmp_path, monkeypatch, chunk
+):
     from rcgrpo.training.grpo import head
 
     if chunk:
@@ -141,8 +142,14 @@ def _bf16_lora_model():
     from rcgrpo.models.lora import apply_lora
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=64)  # fmt: skip
+    cfg = Qwen2Config(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+    )
     base = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
     model = apply_lora(base, ModelConfig(profile="qwen-shape", train_reward_rows=False), [])
     with torch.no_grad():
@@ -225,14 +232,20 @@ def test_colocated_rollouts_and_updates_take_turns_in_order(monkeypatch):
     monkeypatch.setattr(colocate, "_cuda", lambda: _Recorder(log))
     monkeypatch.setattr(Engine, "rollout", lambda self, *a, **k: log.append("rollouts"))
     engine = VLLMEngine.__new__(VLLMEngine)  # no server process: the stand-in records its calls
-    engine.cfg = RolloutConfig(engine="vllm", vllm_sleep_mode=True,
-                               vllm_gpu_memory_utilization=0.7)  # fmt: skip
+    engine.cfg = RolloutConfig(engine="vllm", vllm_sleep_mode=True, vllm_gpu_memory_utilization=0.7)
     engine.servers, engine.asleep = [_Recorder(log)], True
     engine.policy = SimpleNamespace(is_lora=False)
     engine.router = SimpleNamespace(reset=lambda: None)
     engine.rollout([])
-    assert log == ["synchronize", "empty_cache", "fraction 0.30", "/wake_up", "rollouts",
-                   "/sleep", f"fraction {1 - colocate.VLLM_ASLEEP_SHARE:.2f}"]  # fmt: skip
+    assert log == [
+        "synchronize",
+        "empty_cache",
+        "fraction 0.30",
+        "/wake_up",
+        "rollouts",
+        "/sleep",
+        f"fraction {1 - colocate.VLLM_ASLEEP_SHARE:.2f}",
+    ]
     assert engine.asleep
 
 

@@ -44,8 +44,13 @@ def _chunk(head, h: torch.Tensor, y: torch.Tensor, temperature: float):
     return logp, entropy, logp1
 
 
-def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                  chunk: int | None = None) -> tuple[torch.Tensor, Sampled]:  # fmt: skip
+def head_logprobs(
+    head,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk: int | None = None,
+) -> tuple[torch.Tensor, Sampled]:
     """hidden (N, d) at the sampled positions, targets (N,) -> (log-probs (N,) at the sampling
     temperature, Sampled). head: the LM head (d -> V), or the identity when hidden already
     holds logits (a head with extra math, rcgrpo.training.forward.masked_hidden)."""

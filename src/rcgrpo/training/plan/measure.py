@@ -47,9 +47,16 @@ def layer_config(profile: str):
     a = architecture(profile)
     qwen = a.qkv_bias
     cls = Qwen2Config if qwen else LlamaConfig
-    return cls(hidden_size=a.hidden, intermediate_size=a.intermediate, num_hidden_layers=1,
-               num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
-               vocab_size=256, tie_word_embeddings=False)  # fmt: skip
+    return cls(
+        hidden_size=a.hidden,
+        intermediate_size=a.intermediate,
+        num_hidden_layers=1,
+        num_attention_heads=a.heads,
+        num_key_value_heads=a.kv_heads,
+        head_dim=a.head_dim,
+        vocab_size=256,
+        tie_word_embeddings=False,
+    )
 
 
 class _Live:
@@ -103,8 +110,9 @@ def build_layer(profile: str, fp32_adapters: bool = False):
 
     torch.manual_seed(0)
     dtype = getattr(torch, cuda_dtype(profile))
-    model = AutoModelForCausalLM.from_config(layer_config(profile), dtype=dtype,
-                                             attn_implementation="sdpa")  # fmt: skip
+    model = AutoModelForCausalLM.from_config(
+        layer_config(profile), dtype=dtype, attn_implementation="sdpa"
+    )
     lora = ModelConfig(profile=profile, lora_r=LORA_R, train_reward_rows=False)
     model = apply_lora(model, lora, [])
 
@@ -168,7 +176,7 @@ def measure_all(profiles=PROFILES, merge: bool = False) -> dict:
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "peft": peft.__version__,
-        },  # fmt: skip
+        },
         "tokens": list(TOKENS),
         "lora_r": LORA_R,
         "build": "one decoder layer, model.dtype auto as on CUDA, SDPA, LoRA on the profile's "

@@ -70,16 +70,22 @@ def measured_layer(profile: str, dtype: str) -> Layer:
     return Layer(entry["saved"], entry["peak"])
 
 
-def update_terms(arch: Arch, tokens: int, sampled: int, b: int, checkpointing: bool,
-                 layer: Layer) -> list[Term]:  # fmt: skip
+def update_terms(
+    arch: Arch, tokens: int, sampled: int, b: int, checkpointing: bool, layer: Layer
+) -> list[Term]:
     """Activations at the peak of one training forward + backward over `tokens` computed
     positions with `sampled` of them under the LM head. The logits are freed before the layers'
     backward starts, so the peak is the larger of the two, not their sum."""
     d, L = arch.hidden, arch.layers
     out: list[Term] = []
     if checkpointing:
-        out = [Term("activations, checkpointed (each layer's input)", L * tokens * d * b,
-                    f"{L} layers x {tokens:,} tok x {d} x {b} B")]  # fmt: skip
+        out = [
+            Term(
+                "activations, checkpointed (each layer's input)",
+                L * tokens * d * b,
+                f"{L} layers x {tokens:,} tok x {d} x {b} B",
+            )
+        ]
         layers, how = tokens * layer.peak, f"{tokens:,} tok x {layer.peak / 1e3:.1f} kB (measured)"
         name = "one layer recomputed + its backward"
     else:
@@ -88,8 +94,13 @@ def update_terms(arch: Arch, tokens: int, sampled: int, b: int, checkpointing: b
         name = "activations, every layer kept + one backward"
     logits = sampled * arch.vocab * LOGITS_BYTES
     if logits > layers:
-        out.append(Term("logits at the sampled positions (> the layers' peak)", logits,
-                        f"{sampled:,} pos x {arch.vocab:,} x {LOGITS_BYTES} B"))  # fmt: skip
+        out.append(
+            Term(
+                "logits at the sampled positions (> the layers' peak)",
+                logits,
+                f"{sampled:,} pos x {arch.vocab:,} x {LOGITS_BYTES} B",
+            )
+        )
     else:
         out.append(Term(name + " (> the logits' peak)", layers, how))
     return out
@@ -123,8 +134,13 @@ def process_terms(trainer_bytes: float, gpus: int) -> list[Term]:
     out = [Term("CUDA context", CUDA_CONTEXT_GB * GB, f"{CUDA_CONTEXT_GB} GB, assumed")]
     if gpus > 1:
         out.append(Term("NCCL buffers", NCCL_GB * GB, f"{NCCL_GB} GB, assumed"))
-    return out + [Term("allocator slack", ALLOCATOR_SLACK * trainer_bytes,
-                       f"{ALLOCATOR_SLACK:.0%} of the above")]  # fmt: skip
+    return out + [
+        Term(
+            "allocator slack",
+            ALLOCATOR_SLACK * trainer_bytes,
+            f"{ALLOCATOR_SLACK:.0%} of the above",
+        )
+    ]
 
 
 def kv_bytes_per_token(arch: Arch, b: int) -> int:
@@ -132,35 +148,46 @@ def kv_bytes_per_token(arch: Arch, b: int) -> int:
     return 2 * arch.layers * arch.kv_dim * b
 
 
-def vllm_terms(arch: Arch, b: int, share: float, gpu_bytes: float, slots: float
-               ) -> tuple[list[Term], float]:  # fmt: skip
+def vllm_terms(
+    arch: Arch, b: int, share: float, gpu_bytes: float, slots: float
+) -> tuple[list[Term], float]:
     """The awake vLLM server's reservation (gpu_memory_utilization x the physical GPU) split into
     its context, weights, overhead, LoRA slots (`slots` bytes) and KV cache; returns (terms, KV
     capacity in tokens)."""
     weights = arch.params() * b
-    fixed = [Term("vLLM CUDA context + non-torch memory", VLLM_CONTEXT_GB * GB, "assumed"),
-             Term("vLLM weights", weights, f"{count(arch.params())} x {b} B"),
-             Term("vLLM activations + CUDA graphs", VLLM_OVERHEAD_GB * GB, "assumed"),
-             Term("vLLM LoRA slots", slots, "--max-loras x --max-lora-rank adapters")]  # fmt: skip
+    fixed = [
+        Term("vLLM CUDA context + non-torch memory", VLLM_CONTEXT_GB * GB, "assumed"),
+        Term("vLLM weights", weights, f"{count(arch.params())} x {b} B"),
+        Term("vLLM activations + CUDA graphs", VLLM_OVERHEAD_GB * GB, "assumed"),
+        Term("vLLM LoRA slots", slots, "--max-loras x --max-lora-rank adapters"),
+    ]
     kv = share * gpu_bytes - total(fixed)
     tokens = max(kv, 0) / kv_bytes_per_token(arch, b)
-    return fixed + [Term("vLLM KV cache", max(kv, 0.0),
-                         f"{share:.2f} x {gpu_bytes / GB:.1f} GB - the above = {tokens:,.0f} tokens")], tokens  # fmt: skip
+    return fixed + [
+        Term(
+            "vLLM KV cache",
+            max(kv, 0.0),
+            f"{share:.2f} x {gpu_bytes / GB:.1f} GB - the above = {tokens:,.0f} tokens",
+        )
+    ], tokens
 
 
 def vllm_asleep_terms(slots: float) -> list[Term]:
     """What a level-1 sleep leaves on the GPU: vLLM offloads its weights to CPU memory and
     discards the KV cache; its context stays, and the LoRA slots are counted as staying."""
-    return [Term("vLLM asleep: CUDA context + non-torch memory", VLLM_CONTEXT_GB * GB, "assumed"),
-            Term("vLLM asleep: LoRA slots", slots, "counted as kept")]  # fmt: skip
+    return [
+        Term("vLLM asleep: CUDA context + non-torch memory", VLLM_CONTEXT_GB * GB, "assumed"),
+        Term("vLLM asleep: LoRA slots", slots, "counted as kept"),
+    ]
 
 
 def total(terms: list[Term]) -> float:
     return sum(t.bytes for t in terms)
 
 
-def largest_tokens(arch: Arch, b: int, checkpointing: bool, share: float, room: float,
-                   layer: Layer) -> int:  # fmt: skip
+def largest_tokens(
+    arch: Arch, b: int, checkpointing: bool, share: float, room: float, layer: Layer
+) -> int:
     """The most tokens per micro-batch whose update fits in `room` bytes (a sampled share of
     `share`), including the allocator slack on them; 0 if none."""
     per_token = total(update_terms(arch, 10**6, int(share * 10**6), b, checkpointing, layer)) / 1e6

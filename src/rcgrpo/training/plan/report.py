@@ -76,8 +76,11 @@ def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb
     longest = (rollout.max_total_tokens or profile.max_total_tokens) + (
         rollout.max_new_tokens or profile.max_new_tokens
     )
-    compute = ("LoRA in bf16 under autocast, fp32 master weights and AdamW states"
-               if lora and dtype != "float32" else f"{dtype} compute")  # fmt: skip
+    compute = (
+        "LoRA in bf16 under autocast, fp32 master weights and AdamW states"
+        if lora and dtype != "float32"
+        else f"{dtype} compute"
+    )
     plan = Plan([
         f"{model.profile}: {arch.params() / 1e9:.2f}B params ({arch.source}), {dtype}, "
         + (f"LoRA r={model.lora_r} ({lora_params / 1e6:.1f}M)" if lora else "full fine-tune")
@@ -101,11 +104,12 @@ def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb
     idle = _idle(arch, b, lora_params, gpus, True)
     if M.total(ft) > usable:
         fit = M.largest_tokens(arch, b, ckpt, share, usable - M.total(idle), layer)
-        ft_problems.append(f"{stage}: a {ft_tok:,}-token micro-batch needs "
-                           f"{M.total(ft) / C.GB:.0f} GB per GPU, {usable / C.GB:.1f} GB usable "
-                           f"({C.HEADROOM:.0%} headroom): "
-                           + _lower(f"{stage}.max_tokens_per_micro_batch", f"{stage}.max_len",
-                                    ft_len, fit))  # fmt: skip
+        ft_problems.append(
+            f"{stage}: a {ft_tok:,}-token micro-batch needs "
+            f"{M.total(ft) / C.GB:.0f} GB per GPU, {usable / C.GB:.1f} GB usable "
+            f"({C.HEADROOM:.0%} headroom): "
+            + _lower(f"{stage}.max_tokens_per_micro_batch", f"{stage}.max_len", ft_len, fit)
+        )
 
     # RL: rollouts and the update, vLLM asleep during the update in sleep mode
     budget = rl.max_tokens_per_micro_batch
@@ -113,8 +117,10 @@ def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb
     ref = rl.kl_coef > 0
     upd = _trainer(arch, b, lora_params, gpus, ref, rl_tok, math.ceil(share * rl_tok), ckpt, layer)
     idle = _idle(arch, b, lora_params, gpus, ref)
-    title = (f"micro-batch of {rl_tok:,} tokens (rl.max_tokens_per_micro_batch {budget:,}, "
-             f"longest episode {longest:,})")  # fmt: skip
+    title = (
+        f"micro-batch of {rl_tok:,} tokens (rl.max_tokens_per_micro_batch {budget:,}, "
+        f"longest episode {longest:,})"
+    )
     episodes = rl.tasks_per_step * rl.group_size
     kv_tok = 0.0
     beside = []  # what stays on the GPU beside the update
