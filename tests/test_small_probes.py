@@ -146,3 +146,23 @@ def test_bad_jsonl_rows_fail_in_one_line_naming_the_row(tmp_path, spoil, says):
         read_jsonl(path)
     line = str(bad.value)
     assert "\n" not in line and f"{path}:2" in line and says in line, line[:300]
+
+
+def test_unknown_task_id_fails_in_one_line_before_the_model_loads(tmp_path):
+    import json
+
+    from rcgrpo.bfcl.tasks import tasks_in
+    from rcgrpo.chat.record import write_jsonl
+    from rcgrpo.data.experts import expert
+
+    path = write_jsonl(
+        tmp_path / "rctp.jsonl", [expert(t, "combined") for t in tasks_in("train")[:2]]
+    )
+    first, second = path.read_text().splitlines()
+    row = json.loads(second)
+    row["task_id"] = "multi_turn_base_99999"
+    path.write_text(first + "\n" + json.dumps(row) + "\n")
+    out = cli("train", "rctp", "--set", f"data={path}", "--set", f"out_dir={tmp_path / 'out'}")
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode != 0 and len(lines) == 1, out.stderr[-2000:]
+    assert "record 2: unknown task id 'multi_turn_base_99999'" in lines[0]

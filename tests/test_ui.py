@@ -92,6 +92,12 @@ def test_ui_starts_both_on_localhost_and_ctrl_c_stops_them(home):
         assert _get(f"http://127.0.0.1:{pport}/api/health") == 200
         assert _get(f"http://127.0.0.1:{pport}/") == 200  # the Prefect UI page itself
         assert (home / "mlflow" / "mlflow.db").exists()  # the UI serves the store we named
+        secret = home / "mlflow" / "ui-password"  # the MLflow UI's login (rcgrpo.mlflow_ui)
+        assert f"its login: user rcgrpo, the password in {secret}" in text
+        assert secret.stat().st_mode & 0o777 == 0o600
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{mport}/", timeout=5)
+        assert refused.value.code == 401  # the UI itself needs the login
         below = descendants(proc.pid)
     finally:
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends

@@ -192,3 +192,15 @@ def write_jsonl(path: str | Path, records: list[Trajectory]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def check_task_ids(records: list[Trajectory], where: str | Path) -> list[Trajectory]:
+    """RecordError in one line if a record names a task BFCL does not have (it failed with a
+    KeyError after the model had loaded); returns the records."""
+    from rcgrpo.bfcl.tasks import load_tasks
+
+    known = load_tasks()
+    for number, record in enumerate(records, start=1):
+        if record.task_id not in known:
+            raise RecordError(f"{where}: record {number}: unknown task id {record.task_id[:80]!r}")
+    return records

@@ -278,7 +278,7 @@ def run_sft(
     <out_dir>/final (save_policy: adapter or full weights + tokenizer); returns that folder."""
     import dataclasses
 
-    from rcgrpo.chat.record import read_jsonl
+    from rcgrpo.chat.record import check_task_ids, read_jsonl
     from rcgrpo.models.loading import load_policy, save_policy
     from rcgrpo.models.profiles import PROFILES
     from rcgrpo.training import distributed
@@ -286,7 +286,7 @@ def run_sft(
 
     cfg = dataclasses.replace(cfg, max_len=cfg.max_len or PROFILES[model_cfg.profile].sft_max_len)
     check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
-    records = read_jsonl(cfg.data)  # before the model: a corrupt row fails in a second
+    records = check_task_ids(read_jsonl(cfg.data), cfg.data)  # before the model loads
     # under a launcher: this rank's GPU (cuda:LOCAL_RANK), bound before anything loads
     model_cfg = dataclasses.replace(model_cfg, device=distributed.local_device(model_cfg.device))
     policy = load_policy(model_cfg)
