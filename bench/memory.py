@@ -226,15 +226,18 @@ def rollout(T: int, frac: float, seed: int):
 
 
 def old_padded_logprobs(model, ids, attn, mask):
-    """Today's update.logprobs: the decoder with the attention mask (dense under SDPA) and the
+    """The padded path's update.logprobs: the decoder with the attention mask (dense under SDPA) and the
     default cache, then the head at the sampled positions (temperature 1)."""
     from rcgrpo.training.forward import scatter
-    from rcgrpo.training.grpo.core_algos import token_logprobs
+    from rcgrpo.training.grpo.core_algos import token_entropy, token_logprobs
+    from rcgrpo.training.grpo.head import Sampled
 
     where = mask.bool()
     hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
     logits = model.get_output_embeddings()(hidden[:, :-1][where]).float()
-    return scatter(token_logprobs(logits, ids[:, 1:][where]), where), logits, where
+    logp = token_logprobs(logits, ids[:, 1:][where])
+    sampled = Sampled(token_entropy(logits.detach()), logp.detach())
+    return scatter(logp, where), sampled, where
 
 
 def mix_child(path: str, lengths: list[int], frac: float, budget: int) -> dict:
