@@ -25,6 +25,9 @@ from typing import Literal
 from rcgrpo.fields import config_class, ranged, setting
 from rcgrpo.rollout.agent_loop import Limits
 
+# vllm.config.lora.MaxLoRARanks (vLLM 0.32): the only --max-lora-rank values a server accepts
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
 
 @config_class
 class RolloutConfig:
@@ -130,3 +133,12 @@ class RolloutConfig:
             max_new_tokens=self.max_new_tokens or profile.max_new_tokens,
             max_total_tokens=self.max_total_tokens or profile.max_total_tokens,
         )
+
+    def served_lora_rank(self, lora_r: int) -> int:
+        """vLLM's --max-lora-rank for adapters of rank `lora_r`: vllm_max_lora_rank, else the
+        adapter's rank rounded up to a rank vLLM accepts (it refuses any other value at start)."""
+        want = self.vllm_max_lora_rank or lora_r
+        fits = [r for r in VLLM_LORA_RANKS if r >= want]
+        if not fits:
+            raise ValueError(f"LoRA rank {want} is above vLLM's largest, {VLLM_LORA_RANKS[-1]}")
+        return fits[0]

@@ -127,7 +127,7 @@ class VLLMEngine(Engine):
             "--enable-prefix-caching" if cfg.vllm_prefix_caching else "--no-enable-prefix-caching"
         ]
         if policy.is_lora:
-            rank = cfg.vllm_max_lora_rank or policy.config.lora_r  # LoRA buffers: that rank
+            rank = cfg.served_lora_rank(policy.config.lora_r)  # LoRA buffers: that rank
             args += ["--enable-lora", "--max-lora-rank", str(rank)]
             args += ["--max-loras", "2"]  # the new version loads before the old one unloads
         if cuda():

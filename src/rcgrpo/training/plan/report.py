@@ -125,7 +125,7 @@ def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb
     kv_tok = 0.0
     beside = []  # what stays on the GPU beside the update
     if rollout.engine == "vllm":
-        rank = rollout.vllm_max_lora_rank or model.lora_r
+        rank = rollout.served_lora_rank(model.lora_r)
         slots = 2 * arch.lora_params(rank, targets) * b if lora else 0.0  # --max-loras 2
         awake, kv_tok = M.vllm_terms(arch, b, rollout.vllm_gpu_memory_utilization, room, slots)
         if sleep_mode(rollout, model.profile, on_cuda=True):
