@@ -1,4 +1,4 @@
-"""Benchmark (not a test): peak memory of one RL step, masked LM head vs full logits (issue 10.4).
+"""Benchmark (not a test): peak memory of one RL step, masked LM head vs full logits.
 
 What: one RL step of rcgrpo.training.grpo.trainer on the `qwen-shape` profile (Qwen2.5's 152,064-row
 padded vocabulary and untied head on a tiny Qwen2, LoRA as the 7B profile), one sequence of
@@ -7,7 +7,7 @@ turns, as in tool-calling data): pi_old and reference log-probs (no grad), then 
 backward of the PPO/KL loss with the entropy metric. Two paths:
   new  the trainer as it is: Trainer._logprobs / _ref_logprobs (LM head at the N sampled
        positions only, (N, V); entropy on those; reference = a frozen second LoRA adapter)
-  old  the path before issue 10, kept here as the reference: logits (B, T-1, V) at every
+  old  the earlier full-logits path, kept here as the reference: logits (B, T-1, V) at every
        position, entropy over all of them, reference = copy.deepcopy of the whole PeftModel.
 How: each (path, length) runs in its own subprocess: load the policy, reset the peak-RSS mark
 (`5` > /proc/self/clear_refs), take VmRSS as the baseline, run the step, read VmHWM from
@@ -18,7 +18,7 @@ starving the other processes, and the table shows the limit as a lower bound (">
 Last line: the ratio new/old at 8k (target <= 0.25). Then the same arithmetic as `rcgrpo plan`
 (rcgrpo.training.plan.memory) for Qwen2.5-7B + LoRA at a micro-batch of 8 x 8k tokens.
 
---mix (issue 20.5): one RL update (pi_old + reference log-probs, then forward + backward of the
+--mix: one RL update (pi_old + reference log-probs, then forward + backward of the
 PPO/KL loss and the optimizer step, through rcgrpo.training.grpo.update) of 8 qwen-shape rollouts
 of a length mix like the four categories: each category's median and p95 episode length of the
 7B profiles (the 800 ground truths replayed), divided by --scale to fit the 24 GB box, 3.3 % of
@@ -199,7 +199,7 @@ def estimate(frac: float) -> None:
     )
 
 
-# --- the length mix (issue 20.5) ------------------------------------------------------------
+# --- the length mix ------------------------------------------------------------
 # 7B-profile episode tokens per category, (median, p95): the 800 ground truths replayed with
 # the qwen-shape tokenizer, combined protocol (src/rcgrpo/training/plan/episodes.json)
 MIX = {"base": (6144, 8029), "miss_func": (6144, 8029), "miss_param": (6150, 8038),

@@ -1,6 +1,6 @@
 """The whole rcgrpo pipeline as one Prefect flow and one MLflow run with a nested run per stage:
 
-    build_dataset (issue 4's flow: experts + failures, GX validation, DVC version)
+    build_dataset (experts + failures, GX validation, DVC version)
       -> fine-tune (RCTP-FT, or plain SFT: the variant's `init`, rcgrpo.evaluation.variants)
       -> RL (RC-GRPO / GRPO from the fine-tuned model, on the fine-tuning tasks)
       -> evaluate (greedy: the RL tasks before and after RL, then the held-out BFCL tasks;

@@ -206,7 +206,7 @@ def test_render_example_matches_rollout_layout(policy, renderer, protocol):
     r = loop.result()
     example = render_example(r.trajectory, policy)
     assert example.ids == r.ids and example.mask == r.mask
-    # a record without the system prompt (issue 4's layout) renders the same
+    # a record without the system prompt (an older layout) renders the same
     trimmed = r.trajectory.messages[1:]
     record = type(r.trajectory)(**{**r.trajectory.__dict__, "messages": trimmed})
     assert render_example(record, policy).ids == r.ids

@@ -1,4 +1,4 @@
-"""Token-budget micro-batches (issue 20.1): hand-computed groupings, the forward layouts (no
+"""Token-budget micro-batches: hand-computed groupings, the forward layouts (no
 dense mask; packed rows), and the same loss and gradients as the padded micro-batches of
 today's path, for RL (PPO mini-batches, KL) and SFT, over a length mix.
 

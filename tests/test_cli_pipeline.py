@@ -1,4 +1,4 @@
-"""The CLI surface of issue 6: `rcgrpo --help` stays fast and light; `--set` parsing."""
+"""The CLI surface: `rcgrpo --help` stays fast and light; `--set` parsing."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def test_an_episode_does_not_depend_on_its_batch(policy, tasks, rollouts):
 
 
 def test_logprobs_match_a_training_forward_pass(policy, rollouts):
-    """What issue 5 recomputes (forward over ids, logits[t-1] -> ids[t]) equals the engine's."""
+    """What the trainer recomputes (forward over ids, logits[t-1] -> ids[t]) equals the engine's."""
     for r in rollouts[:3]:
         ids = torch.tensor([r.ids])
         with torch.no_grad():

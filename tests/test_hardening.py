@@ -1,4 +1,4 @@
-"""Hostile and faulty inputs from the command line (issue 12): each fails at once in one line,
+"""Hostile and faulty inputs from the command line: each fails at once in one line,
 before any work, and loses nothing already saved.
 
     .venv/bin/pytest tests/test_hardening.py -q
@@ -122,7 +122,7 @@ def test_an_empty_or_truncated_data_dvc(tmp_path, text):
     assert tags["data.md5"] == "unreadable" and tags["data.version"] == "unreadable:unreadable"
 
 
-# -- issue 23, point 6: a truncated state.pt or a folder named step_final on --resume ---------
+# -- a truncated state.pt or a folder named step_final on --resume ---------
 
 
 def _checkpoints(out_dir):

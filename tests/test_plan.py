@@ -1,4 +1,4 @@
-"""`rcgrpo plan` (issue 20.4): parameter and memory arithmetic by hand, the rollout simulation on
+"""`rcgrpo plan`: parameter and memory arithmetic by hand, the rollout simulation on
 cases worked out by hand (lock-step waits for a round's slowest message, async does not), and
 the command: the paper preset fits 8 x 80 GB with >= 8 % headroom in every phase, one 24 GB
 GPU exits 2 with one line; the per-layer constants equal a fresh measurement.

@@ -1,4 +1,4 @@
-"""Which Ray cluster the Ray backend uses (issue 23, point 8), with real Ray clusters: another
+"""Which Ray cluster the Ray backend uses, with real Ray clusters: another
 process's private cluster is running; Ray's own `address="auto"` finds it in `ps` and joins it
 (what `execution.address: auto` did), ours does not; the private cluster we start has its token
 in a 0600 file (Ray's default writes ~/.ray/auth_token with mode 0644), removed afterwards.

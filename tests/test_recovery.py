@@ -1,4 +1,4 @@
-"""Data versioning under attack and after kills (issue 23, points 1, 2, 6 and 8), in throw-away
+"""Data versioning under attack and after kills, in throw-away
 git + DVC projects with real git commits, real DVC objects and real kill -9s:
 
 * a crafted commit whose data.dvc names `src` / `outputs` / `..`: rollback refuses it, nothing
@@ -72,7 +72,7 @@ def _crafted_commit(root, text: str) -> str:
 
 @pytest.mark.parametrize("path", ["src", "outputs", "..", ".", "data/../src"])
 def test_a_rollback_to_a_data_dvc_naming_another_folder_is_refused(project, path):
-    """Issue 23 point 1: `path: src` had DVC replace src/ by the dataset (and `outputs` the
+    """`path: src` had DVC replace src/ by the dataset (and `outputs` the
     trained models), then said "data.dvc and data/ restored as they were"."""
     md5 = (project / "data.dvc").read_text().split("md5: ")[1].split()[0]  # objects present
     rev = _crafted_commit(project, f"outs:\n- md5: {md5}\n  hash: md5\n  path: {path}\n")
@@ -123,7 +123,7 @@ def test_a_rollback_never_stages_data_dvc(project):
 
 
 def test_a_one_off_remote_never_reaches_the_committed_dvc_config(project):
-    """Issue 23 point 2: `data build --set remote=data` wrote `url = ../data` into .dvc/config
+    """`data build --set remote=data` wrote `url = ../data` into .dvc/config
     (every later build and rollback failed); `--set remote=src` pushed objects into src/."""
     config = (project / ".dvc" / "config").read_bytes()
     head = git(project, "rev-parse", "HEAD")
@@ -168,7 +168,7 @@ def _checkout_copy(project):
 
 
 def test_commands_work_while_a_killed_publish_cannot_finish(project):
-    """Issue 23 point 6: after a kill in the `committed` window with the remote unreachable,
+    """after a kill in the `committed` window with the remote unreachable,
     every command (even --help) ended in a 53-line traceback: the recovery ran outside the
     error handler. Now one warning line, the command runs, and the next one finishes the push."""
     rcgrpo = _checkout_copy(project)
@@ -217,7 +217,7 @@ def test_a_journal_naming_other_paths_is_never_followed(project, bad):
 
 
 def test_a_killed_builds_staging_folder_is_removed_by_the_next_build(project):
-    """Issue 23 point 8: killed builds left their staging folders in .dvc/tmp forever."""
+    """killed builds left their staging folders in .dvc/tmp forever."""
     code = ("from rcgrpo.data.versioning import staging_dir; import time; "
             f"d = staging_dir({str(project)!r}); (d / 'rows.jsonl').write_text('x' * 10000); "
             "print(d, flush=True); time.sleep(600)")  # fmt: skip

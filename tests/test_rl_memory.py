@@ -1,4 +1,4 @@
-"""Memory-safe RL (issue 10.4): masked LM head = full logits, the LoRA reference adapter,
+"""Memory-safe RL: masked LM head = full logits, the LoRA reference adapter,
 gradient checkpointing. The memory itself is measured by bench/memory.py, not here.
 
     .venv/bin/pytest tests/test_rl_memory.py -q

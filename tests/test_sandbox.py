@@ -1,4 +1,4 @@
-"""Tool calls under wall-clock and memory limits (issue 12, point 1): the worker is killed and
+"""Tool calls under wall-clock and memory limits: the worker is killed and
 replaced, the model gets "timed out" / "out of memory", the episode goes on with its state.
 
     .venv/bin/pytest tests/test_sandbox.py -q

@@ -1,7 +1,7 @@
 """Schedules against a REAL Prefect server on 127.0.0.1 (`prefect server start`, SQLite in tmp):
 flows/deploy.py serves the pipeline with a cron schedule, the deployment appears with that cron,
 a triggered run of it completes and leaves its MLflow pipeline run in a temp store. The same
-server shows who may drive it (issue 23): only a client that sends the machine's auth string,
+server shows who may drive it: only a client that sends the machine's auth string,
 over HTTP and websockets, whatever its Host or Origin; the UI's own login in headless Chromium.
 
 The run uses the tiniest parameterisation (stages=[]: open the pipeline's MLflow run, record
@@ -134,7 +134,7 @@ def _request(url: str, method: str = "GET", headers: dict | None = None, body: b
 
 
 def test_a_foreign_origin_and_a_post_without_csrf_token_are_refused(server, prefect):
-    """Issue 12: the server ran with CORS * and CSRF off, so any web page could start runs."""
+    """the server ran with CORS * and CSRF off, so any web page could start runs."""
     ui = server.removesuffix("/api")
     evil = {"Origin": "http://evil.example"}
     status, headers, _ = _request(f"{server}/health", headers=evil)
@@ -170,7 +170,7 @@ def _basic(auth: str) -> dict:
 
 
 def test_without_the_auth_string_a_foreign_host_or_page_gets_nothing(server, prefect, tmp_path):
-    """Issue 23: a DNS-rebinding page (Host: evil.example) got /api/csrf-token and created
+    """a DNS-rebinding page (Host: evil.example) got /api/csrf-token and created
     flows (201). Now every /api route but the health checks asks for the machine's auth string,
     kept 0600 in PREFECT_HOME; with it, a foreign Host is still fine (it is the secret that
     counts), and the UI's settings tell it to log in."""
@@ -224,7 +224,7 @@ def test_the_auth_string_goes_only_to_a_server_that_asks_for_it(prefect):
 
 
 def test_websockets_need_the_auth_string_whatever_the_origin(prefect):
-    """Issue 23: /api/events/in and /api/events/out took a foreign Origin, forged events and
+    """/api/events/in and /api/events/out took a foreign Origin, forged events and
     streamed flow-run events. Now the first message must carry the auth string."""
     import websockets
 
@@ -378,7 +378,7 @@ print(json.dumps({"result": result, "health": call(api + "/health"),
 
 
 def test_the_ephemeral_server_of_a_flow_run_refuses_other_origins(tmp_path):
-    """Issue 12: `rcgrpo run` without `rcgrpo ui` runs its flows on Prefect's ephemeral server,
+    """`rcgrpo run` without `rcgrpo ui` runs its flows on Prefect's ephemeral server,
     which kept Prefect's defaults (CORS *, CSRF off). With the project defaults a flow still
     completes; a foreign page gets no CORS grant and its POST is refused."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}

@@ -1,4 +1,4 @@
-"""Servers and workers that a `rcgrpo` command starts (issue 23, points 3 and 4), with real
+"""Servers and workers that a `rcgrpo` command starts, with real
 processes and real signals:
 
 * the Prefect API server of a command (what Prefect's ephemeral server was) stops with it, after

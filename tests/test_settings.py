@@ -1,4 +1,4 @@
-"""Every field of every stage config is checked in one place (issue 23, point 5).
+"""Every field of every stage config is checked in one place.
 
 A table gives each field of each config dataclass one bad value; the test refuses it through
 `--set` (parse_sets) and through a params.yaml file (check_params), and asserts that the fields

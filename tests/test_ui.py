@@ -1,5 +1,5 @@
 """`rcgrpo ui` starts the MLflow UI and the Prefect UI on 127.0.0.1, both answer, and it stops
-everything it started (issue 21, point 4), with real signals to the real command: on SIGINT
+everything it started, with real signals to the real command: on SIGINT
 (Ctrl-C), SIGTERM (a service manager, `timeout`), SIGHUP (a closed terminal), when either server
 dies, and when the command itself is killed with SIGKILL; each time both ports are free again
 within 10 s and no process it started is left (SIGTERM used to leave both servers running under

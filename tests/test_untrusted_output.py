@@ -1,4 +1,4 @@
-"""Model and tool text stays data on its way out (issue 12): result files carry only canonical
+"""Model and tool text stays data on its way out: result files carry only canonical
 calls to the task's own functions (point 6), and tool output that spells a special token is
 tokenised as plain text (point 9).
 
@@ -101,7 +101,7 @@ def test_tool_output_spelling_special_tokens_tokenises_as_plain_text(renderer):
     assert HIGH in renderer.text([{"role": "user", "content": HIGH}], None, False)
 
 
-# -- issue 23, point 7 ----------------------------------------------------------------------------
+# -- hostile result files ----------------------------------------------------------------------------
 
 HUGE = "cd(folder=0x" + "f" * 3700 + ")"  # parses as an int of ~4,450 digits: str() refused it
 

@@ -284,7 +284,7 @@ def _publish_killed_at(point, folder, project):
 
 @pytest.mark.parametrize("point", ["aside", "swapped", "commit", "committed"])
 def test_publish_killed_at_each_fault_window_is_recovered(project, point):
-    """`commit`: killed after the git commit but before the journal said so (issue 23: the
+    """`commit`: killed after the git commit but before the journal said so (the
     commit stayed, data.dvc was left modified, the objects never reached the remote)."""
     f1, md5s1 = built(project, 0)
     publish(f1, project)
@@ -292,7 +292,7 @@ def test_publish_killed_at_each_fault_window_is_recovered(project, point):
     f2, md5s2 = built(project, 1)
     _publish_killed_at(point, f2, project)
     if point == "aside":
-        assert not (project / "data").exists()  # the window issue 12 found: data/ missing
+        assert not (project / "data").exists()  # the window an earlier audit found: data/ missing
     warned = pytest.warns(UserWarning, match="killed before its")
     with warned, build_lock(project):  # what the next build / rollback / rcgrpo start does
         pass

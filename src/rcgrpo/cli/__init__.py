@@ -33,7 +33,7 @@ app = typer.Typer(
     help="RC-GRPO for multi-turn tool-calling agents on BFCL v4.",
 )
 app.command("run")(pipeline.run)
-if importlib.util.find_spec("rcgrpo.cli.data") is not None:  # issue 4's group
+if importlib.util.find_spec("rcgrpo.cli.data") is not None:  # the data commands
     from rcgrpo.cli import data
 
     app.add_typer(data.app, name="data")

@@ -41,7 +41,7 @@ TURN_DONE_REPLY = "I have completed this step of the request."
 
 def combined_prompt(task: Task) -> str:
     """All user turns as one "Step 1: ... Step n: ..." message: the agent loop's own prompt
-    (issue 3's `prompts.combined_request`), so experts and rollouts read the same request."""
+    (`prompts.combined_request`), so experts and rollouts read the same request."""
     from rcgrpo.chat.prompts import combined_request
 
     return combined_request(list(task.turns))

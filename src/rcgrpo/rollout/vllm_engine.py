@@ -71,7 +71,7 @@ class VLLMEngine(Engine):
                  dev_routes: bool = False, device: str | None = None):  # fmt: skip
         super().__init__(cfg, policy)
         self.dev_routes = dev_routes  # benchmarks: /reset_prefix_cache between configurations
-        # issue 20 (one process per GPU): this rank's device; its one server runs on that GPU
+        # one process per GPU: this rank's device; its one server runs on that GPU
         self.device = device or getattr(policy.config, "device", None)
         from rcgrpo.models.serving import served_root
 

@@ -19,7 +19,7 @@ CPU settings (../shared/stack-notes.md, measured): OMP_NUM_THREADS=1, VLLM_CPU_K
 small, --enforce-eager, and --no-enable-chunked-prefill (per-request seeds crash with chunked
 prefill on the CPU). VLLM_ALLOW_RUNTIME_LORA_UPDATING=True enables /v1/load_lora_adapter.
 GPU: `devices` pins the server (its CUDA_VISIBLE_DEVICES: physical ids; one server per training
-rank, issue 20, gets `gpu_of` its cuda:i, so 8 ranks use 8 GPUs, not GPU 0); `sleep_mode` adds
+rank gets `gpu_of` its cuda:i, so 8 ranks use 8 GPUs, not GPU 0); `sleep_mode` adds
 --enable-sleep-mode and the dev routes /sleep, /wake_up, /is_sleeping (VLLM_SERVER_DEV_MODE=1;
 vLLM refuses the flag on the CPU, where /sleep only pauses the engine and frees no memory);
 `dev_routes` alone opens /reset_prefix_cache for benchmarks (every route stays behind the key).

@@ -120,7 +120,7 @@ def code_version(root: Path | None = None) -> dict:
 
 
 def data_version(root: Path | None = None) -> dict:
-    """{"rev", "md5", "dirty"} of data/ as strings, from issue 4's `rcgrpo.data.versioning` (the one
+    """{"rev", "md5", "dirty"} of data/ as strings, from `rcgrpo.data.versioning` (the one
     DVC touchpoint); "none" where data/ was never versioned, "unreadable" (and a warning) where
     data.dvc is empty or truncated: the run is still recorded, its data version says why not."""
     import warnings
