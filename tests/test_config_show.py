@@ -77,7 +77,17 @@ def test_config_show_rl_prints_value_default_rule_and_help_of_every_field():
     rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith("  ")}
     assert rows["p_high"][:5] == ["p_high", "0.25", "*", "0.5", "[0,"]  # --set, default, range
     assert rows["steps"][:4] == ["steps", "20", "*", "400"]  # the cpu preset
-    assert rows["advantage"][1:] == ["grpo", "grpo", "grpo", "|", "mean", "|", "sign"]
+    assert rows["advantage"][1:] == [
+        "grpo",
+        "grpo",
+        "grpo",
+        "|",
+        "mean",
+        "|",
+        "sign",
+        "|",
+        "max_norm",
+    ]
     everything = cli("config", "show")
     assert everything.returncode == 0 and all(
         f"\n{s}:  " in f"\n{everything.stdout}" for s in SECTIONS

@@ -68,6 +68,18 @@ def test_zero_variance_groups_give_zeros_never_nan():
     assert stats["within_group_std"] == pytest.approx(math.sqrt(2 / 9) / 2)
 
 
+def test_max_norm_advantage_hand_computed():
+    """1-in-5 success: mean 0.2, centred [0.8, -0.2 x4], max |.| 0.8 -> [1, -0.25 x4]; 2-in-4:
+    centred [0.5, 0.5, -0.5, -0.5] -> [1, 1, -1, -1]; a zero-variance group -> exact zeros."""
+    r = torch.tensor([[1.0, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
+    adv = group_advantages(r, "max_norm", eps=0.0)
+    assert torch.allclose(adv[0], torch.tensor([1.0, -0.25, -0.25, -0.25, -0.25]))
+    assert torch.allclose(adv[1], torch.tensor([1.0, 1.0, -2 / 3, -2 / 3, -2 / 3]))
+    assert torch.equal(adv[2], torch.zeros(5))  # eps 0: a naive division would be NaN
+    half = group_advantages(torch.tensor([[1.0, 1, 0, 0]]), "max_norm", eps=0.0)
+    assert torch.allclose(half, torch.tensor([[1.0, 1, -1, -1]]))
+
+
 def test_mean_and_sign_advantages():
     r = torch.tensor([[1.0, 0, 0, 0, 0]])
     assert torch.allclose(

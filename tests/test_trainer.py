@@ -143,6 +143,9 @@ def test_grpo_has_no_tokens_and_sign_advantage_never_vanishes(tmp_path):
     assert history[0]["rollout/zero_adv_frac"] >= history[0]["rollout/zero_variance_frac"]
     _, history = run(tmp_path / "s", steps=1, conditioning="none", advantage="sign")
     assert history[0]["rollout/zero_adv_frac"] == 0.0  # 2R - 1 is never 0
+    _, history = run(tmp_path / "m", steps=1, conditioning="none", advantage="max_norm")
+    m = history[0]  # max-norm is 0 exactly on the zero-variance groups, like grpo
+    assert m["rollout/zero_adv_frac"] == m["rollout/zero_variance_frac"]
     with pytest.raises(ValueError, match="group_size >= 2"):
         RLConfig(group_size=1)
 

@@ -2,7 +2,7 @@
 seed every random draw of a step comes from.
 
 The paper's comparisons are one field away: `init` sft|rctp, `conditioning` none|rc,
-`advantage` grpo|mean|sign.
+`advantage` grpo|mean|sign|max_norm.
 
     rcgrpo train rl --set init=rctp --set conditioning=rc        # RCTP-FT + RC-GRPO
 """
@@ -21,7 +21,9 @@ class RLConfig:
     init: Literal["sft", "rctp"] = setting("rctp", "start from the SFT or the RCTP-FT model")
     init_path: str = setting("", 'the model to start from; "" = outputs/<init>/final')
     conditioning: Literal["none", "rc"] = setting("rc", "rc: a sampled reward token per rollout")
-    advantage: Literal["grpo", "mean", "sign"] = setting("grpo", "(R-mean)/std, R-mean, or 2R-1")
+    advantage: Literal["grpo", "mean", "sign", "max_norm"] = setting(
+        "grpo", "(R-mean)/std, R-mean, 2R-1, or (R-mean)/max|R-mean|"
+    )
     token_sampling: Literal["iid", "stratified"] = setting(
         "iid", "reward tokens: iid with P(high) = p_high, or both in every group"
     )

@@ -14,7 +14,7 @@ Every random draw of step s comes from generators seeded by (seed, s), and check
 weights, optimizer, scheduler and RNG states, so `resume` reproduces on the CPU the metrics of a
 run that was never stopped (all but the wall-clock perf/* ones). Metric names: docs/metrics.md.
 The paper's comparisons are one field away: `init` sft|rctp, `conditioning` none|rc,
-`advantage` grpo|mean|sign.
+`advantage` grpo|mean|sign|max_norm.
 
 The step's parts live beside this loop: config.py (RLConfig), rollouts.py (draw, roll out, score,
 advantages), update.py (pi_old, reference, PPO mini-batches), metrics.py (the step's metrics).
