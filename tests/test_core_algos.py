@@ -78,6 +78,17 @@ def test_mean_and_sign_advantages():
     assert torch.equal(group_advantages(torch.ones(1, 3), "sign"), torch.ones(1, 3))
 
 
+def test_max_norm_advantage_by_hand():
+    # group 1: mean 0.2, centred [0.8, -0.2 x4], max |.| 0.8 -> [1, -0.25 x4]
+    # group 2: [1, 1, 0, 0, 0.5]: mean 0.5, centred [0.5, 0.5, -0.5, -0.5, 0] -> [1, 1, -1, -1, 0]
+    # group 3: all equal -> exact zeros (no division by zero)
+    r = torch.tensor([[1.0, 0, 0, 0, 0], [1, 1, 0, 0, 0.5], [0.7, 0.7, 0.7, 0.7, 0.7]])
+    expected = torch.tensor([[1.0, -0.25, -0.25, -0.25, -0.25], [1, 1, -1, -1, 0], [0, 0, 0, 0, 0]])
+    assert torch.allclose(group_advantages(r, "max_norm"), expected)
+    # unlike grpo (1 success of 5: +2.0), the largest magnitude is 1 in every group
+    assert group_advantages(r[:1], "grpo")[0, 0] == pytest.approx(2.0, abs=1e-4)
+
+
 # -- KL and the loss ---------------------------------------------------------------------------
 def test_kl_estimators_hand_computed():
     logp, ref = torch.log(torch.tensor([0.5])), torch.log(torch.tensor([0.25]))

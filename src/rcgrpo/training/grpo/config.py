@@ -2,7 +2,7 @@
 seed every random draw of a step comes from.
 
 The paper's comparisons are one field away: `init` sft|rctp, `conditioning` none|rc,
-`advantage` grpo|mean|sign.
+`advantage` grpo|mean|max_norm|sign.
 
     rcgrpo train rl --set init=rctp --set conditioning=rc        # RCTP-FT + RC-GRPO
 """
@@ -20,7 +20,7 @@ class RLConfig:
     init: Literal["sft", "rctp"] = "rctp"  # start from the SFT or the RCTP-FT model
     init_path: str = ""  # the model to start from; "" = outputs/<init>/final
     conditioning: Literal["none", "rc"] = "rc"  # rc: a sampled reward token per rollout
-    advantage: Literal["grpo", "mean", "sign"] = "grpo"  # (R-mean)/std, R-mean, or 2R-1
+    advantage: Literal["grpo", "mean", "max_norm", "sign"] = "grpo"  # see group_advantages
     token_sampling: Literal["iid", "stratified"] = "iid"  # iid P(high)=p, or both per group
     p_high: float = ranged(0.5, "[0, 1]")  # P(<|high_reward|>) per rollout (paper: 0.5)
     group_size: int = ranged(5, "[1, inf)")  # rollouts per task, G (paper: 5)

@@ -2,7 +2,8 @@
 
 * `sample_reward_tokens`: one reward token per rollout of a group, i.i.d. with P(high)=p (the
   paper) or stratified (both tokens at least once per group; the paper did not test it).
-* `group_advantages`: (R - mean)/(population std + eps) (the paper), mean-only, or sign 2R - 1.
+* `group_advantages`: (R - mean)/(population std + eps) (the paper), mean-only, max-norm
+  (R - mean)/max|R - mean|, or sign 2R - 1.
 * `policy_loss`: PPO-clipped ratio + beta * KL(policy || reference) (k3 clamped as verl does),
   token- or sequence-mean.
 * `minibatch_indices`: PPO's passes -> mini-batches (optimizer steps) -> micro-batches (by count
@@ -23,7 +24,7 @@ from typing import Literal
 import torch
 
 TokenScheme = Literal["iid", "stratified"]
-AdvantageKind = Literal["grpo", "mean", "sign"]
+AdvantageKind = Literal["grpo", "mean", "max_norm", "sign"]
 KLEstimator = Literal["k1", "k2", "k3"]
 Aggregation = Literal["token-mean", "seq-mean"]
 
@@ -73,7 +74,11 @@ def group_advantages(
 
     grpo: (R - mean_g) / (population std_g + eps) (the paper); mean: R - mean_g;
     sign: 2R - 1 (binary rewards; gradient-starvation fix, arXiv 2605.07689; non-zero even in a
-    zero-variance group, by design). For grpo and mean a zero-variance group gives exact zeros.
+    zero-variance group, by design).
+    max_norm: (R - mean_g) / max_j |R_j - mean_g| ("Advantage Scale Calibration",
+    arXiv 2609.19164): every group's largest advantage has magnitude 1, so a rare success in a
+    large group is not inflated as by the std (G=5, one success: grpo gives 2.0, max_norm 1.0).
+    For grpo, mean and max_norm a zero-variance group gives exact zeros.
     """
     rewards = rewards.to(torch.float32)
     if rewards.dim() != 2:
@@ -87,8 +92,13 @@ def group_advantages(
         adv = centred
     elif kind == "grpo":
         adv = centred / (std + eps)
+    elif kind == "max_norm":
+        scale = centred.abs().amax(dim=1, keepdim=True)  # (n_groups, 1)
+        adv = centred / scale.clamp_min(ZERO_STD)
     else:
-        raise ValueError(f"advantage kind must be 'grpo', 'mean' or 'sign', got {kind!r}")
+        raise ValueError(
+            f"advantage kind must be 'grpo', 'mean', 'max_norm' or 'sign', got {kind!r}"
+        )
     return torch.where(std < ZERO_STD, torch.zeros_like(adv), adv)
 
 
