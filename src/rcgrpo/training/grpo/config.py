@@ -46,6 +46,11 @@ class RLConfig:
     kl_coef: float = ranged(0.1, "[0, inf)")
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # per-token KL estimator
     aggregation: Literal["token-mean", "seq-mean"] = "token-mean"  # loss average
+    # episodes stopped by the token budget: train on them, mask them from the loss, or DAPO's
+    # soft length penalty on the reward (rcgrpo.training.grpo.overlong)
+    overlong: Literal["train", "mask", "soft_penalty"] = "train"
+    # soft_penalty: the last this-many tokens of rollout.max_total_tokens ramp the penalty 0 -> -1
+    overlong_cache: int = ranged(256, "[1, inf)")
     reward: Literal["paper", "bfcl"] = "paper"  # which checker's 0/1 is the training reward
     protocol: Literal["bfcl", "combined"] = "combined"  # combined = the paper's Step 1..n prompt
     tasks_from: str = "data/rctp/train.jsonl"  # RL tasks: those of this dataset file ("" = all 720)
