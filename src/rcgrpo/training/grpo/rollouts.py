@@ -115,8 +115,9 @@ def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -
     scores = [s for _, s in gathered]
     col = 0 if cfg.reward == "paper" else 1
     rewards = torch.tensor([s[col] for s in scores], dtype=torch.float32).view(-1, G)
-    rewards, rollouts = shape_overlong(rewards, rollouts, cfg, engine)
-    adv = group_advantages(rewards, cfg.advantage).flatten()  # (B,)
+    # rl.overlong shapes the training reward only: `rewards` (reward/* metrics) stay the checker's
+    shaped, rollouts = shape_overlong(rewards, rollouts, cfg, engine)
+    adv = group_advantages(shaped, cfg.advantage).flatten()  # (B,)
     return StepRollouts(tasks, tokens, rollouts, scores, rewards, adv, seconds, len(mine),
                         engine_metrics, records=mine, first=start)  # fmt: skip
 
