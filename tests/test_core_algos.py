@@ -68,18 +68,6 @@ def test_zero_variance_groups_give_zeros_never_nan():
     assert stats["within_group_std"] == pytest.approx(math.sqrt(2 / 9) / 2)
 
 
-def test_max_norm_advantage_hand_computed():
-    """1-in-5 success: mean 0.2, centred [0.8, -0.2 x4], max |.| 0.8 -> [1, -0.25 x4]; 2-in-4:
-    centred [0.5, 0.5, -0.5, -0.5] -> [1, 1, -1, -1]; a zero-variance group -> exact zeros."""
-    r = torch.tensor([[1.0, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
-    adv = group_advantages(r, "max_norm", eps=0.0)
-    assert torch.allclose(adv[0], torch.tensor([1.0, -0.25, -0.25, -0.25, -0.25]))
-    assert torch.allclose(adv[1], torch.tensor([1.0, 1.0, -2 / 3, -2 / 3, -2 / 3]))
-    assert torch.equal(adv[2], torch.zeros(5))  # eps 0: a naive division would be NaN
-    half = group_advantages(torch.tensor([[1.0, 1, 0, 0]]), "max_norm", eps=0.0)
-    assert torch.allclose(half, torch.tensor([[1.0, 1, -1, -1]]))
-
-
 def test_mean_and_sign_advantages():
     r = torch.tensor([[1.0, 0, 0, 0, 0]])
     assert torch.allclose(
@@ -88,6 +76,17 @@ def test_mean_and_sign_advantages():
     assert torch.equal(group_advantages(r, "sign"), torch.tensor([[1.0, -1, -1, -1, -1]]))
     # sign keeps a signal in an all-success group: the point of the baseline
     assert torch.equal(group_advantages(torch.ones(1, 3), "sign"), torch.ones(1, 3))
+
+
+def test_max_norm_advantage_by_hand():
+    # group 1: mean 0.2, centred [0.8, -0.2 x4], max |.| 0.8 -> [1, -0.25 x4]
+    # group 2: [1, 1, 0, 0, 0.5]: mean 0.5, centred [0.5, 0.5, -0.5, -0.5, 0] -> [1, 1, -1, -1, 0]
+    # group 3: all equal -> exact zeros (no division by zero)
+    r = torch.tensor([[1.0, 0, 0, 0, 0], [1, 1, 0, 0, 0.5], [0.7, 0.7, 0.7, 0.7, 0.7]])
+    expected = torch.tensor([[1.0, -0.25, -0.25, -0.25, -0.25], [1, 1, -1, -1, 0], [0, 0, 0, 0, 0]])
+    assert torch.allclose(group_advantages(r, "max_norm"), expected)
+    # unlike grpo (1 success of 5: +2.0), the largest magnitude is 1 in every group
+    assert group_advantages(r[:1], "grpo")[0, 0] == pytest.approx(2.0, abs=1e-4)
 
 
 # -- KL and the loss ---------------------------------------------------------------------------

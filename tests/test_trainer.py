@@ -55,6 +55,7 @@ class ToyEngine:
                     calls=[],
                     trajectory=SimpleNamespace(paper_reward=r, bfcl_reward=r),
                     reward_token=tok,
+                    stop_reason="done",
                 )
             )
         return out

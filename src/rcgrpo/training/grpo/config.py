@@ -56,6 +56,14 @@ class RLConfig:
     kl_coef: float = ranged(0.1, "[0, inf)", "beta of the KL to the frozen initial model (0.1)")
     kl_estimator: Literal["k1", "k2", "k3"] = setting("k3", "per-token KL estimator")
     aggregation: Literal["token-mean", "seq-mean"] = setting("token-mean", "loss average")
+    overlong: Literal["train", "mask", "soft_penalty"] = setting(
+        "train",
+        "episodes the token budget stopped: train on them, mask them from the loss, or DAPO's "
+        "soft length penalty on the reward (rcgrpo.training.grpo.overlong)",
+    )
+    overlong_cache: int = ranged(
+        256, "[1, inf)", "soft_penalty: the last N tokens of the episode budget ramp it 0 -> -1"
+    )
     reward: Literal["paper", "bfcl"] = setting(
         "paper", "which checker's 0/1 is the training reward"
     )

@@ -14,7 +14,7 @@ whole batch (so the 1-process seeds), scores them, and the ranks gather what tra
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -22,6 +22,7 @@ from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.rollout.execution import merge_stats
 from rcgrpo.training.grpo.config import RLConfig, step_seed
 from rcgrpo.training.grpo.core_algos import group_advantages, sample_reward_tokens
+from rcgrpo.training.grpo.overlong import apply_overlong
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Sampled:
     ids: torch.Tensor  # (T,) int32 token ids, prompt and sampled
     loss_mask: torch.Tensor  # (T,) int8, 1 where the policy sampled the token
     logprobs: torch.Tensor  # (T,) float32 the engine's log-probs (0 where not sampled)
+    truncated: bool = False  # stopped by the episode token budget (rl.overlong)
 
     @classmethod
     def of(cls, rollout) -> Sampled:
@@ -39,6 +41,7 @@ class Sampled:
             torch.as_tensor(rollout.ids, dtype=torch.int32),
             torch.as_tensor(rollout.loss_mask, dtype=torch.int8),
             torch.as_tensor(rollout.logprobs, dtype=torch.float32),
+            rollout.stop_reason == "token_budget",
         )
 
 
@@ -112,6 +115,23 @@ def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -
     scores = [s for _, s in gathered]
     col = 0 if cfg.reward == "paper" else 1
     rewards = torch.tensor([s[col] for s in scores], dtype=torch.float32).view(-1, G)
-    adv = group_advantages(rewards, cfg.advantage).flatten()  # (B,)
+    # rl.overlong shapes the training reward only: `rewards` (reward/* metrics) stay the checker's
+    shaped, rollouts = shape_overlong(rewards, rollouts, cfg, engine)
+    adv = group_advantages(shaped, cfg.advantage).flatten()  # (B,)
     return StepRollouts(tasks, tokens, rollouts, scores, rewards, adv, seconds, len(mine),
                         engine_metrics, records=mine, first=start)  # fmt: skip
+
+
+def shape_overlong(rewards, rollouts: list, cfg: RLConfig, engine) -> tuple:
+    """rl.overlong on a step: (n, G) training rewards and the rollouts, their loss masks zeroed
+    (mask) or their rewards penalised by length (soft_penalty); `train` returns them as they are.
+    The budget is the engine's `rollout.max_total_tokens`."""
+    if cfg.overlong == "train":
+        return rewards, rollouts
+    truncated = torch.tensor([r.truncated for r in rollouts])
+    lengths = torch.tensor([len(r.ids) for r in rollouts])
+    masks = [r.loss_mask for r in rollouts]
+    max_len = engine.cfg.limits.max_total_tokens
+    args = (truncated, lengths, max_len, cfg.overlong_cache)
+    rewards, masks = apply_overlong(cfg.overlong, rewards, masks, *args)
+    return rewards, [replace(r, loss_mask=m) for r, m in zip(rollouts, masks, strict=True)]
