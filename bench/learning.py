@@ -60,7 +60,8 @@ def build_data(params: dict, preset: str, folder: Path):
 def fine_tune(mode: str, records, params, preset, seed: int, out: Path, epochs: int = 0):
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
-    from rcgrpo.training.sft import SFTConfig, render_examples, train_sft
+    from rcgrpo.training.sft import render_examples, train_sft
+    from rcgrpo.training.sft_config import SFTConfig
 
     policy = load_policy(ModelConfig(seed=seed))  # the same base weights for both modes
     extra = {"seed": seed, "out_dir": str(out)} | ({"epochs": epochs} if epochs else {})

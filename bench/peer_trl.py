@@ -124,7 +124,8 @@ def preset_data(params: dict):
 def start_model(params: dict, records, model_cfg, out: Path, seed: int) -> tuple[Path, str]:
     """RCTP-FT of `records` (the preset's recipe) saved once per recipe; (folder, how)."""
     from rcgrpo.models.loading import load_policy, save_policy
-    from rcgrpo.training.sft import SFTConfig, render_examples, train_sft
+    from rcgrpo.training.sft import render_examples, train_sft
+    from rcgrpo.training.sft_config import SFTConfig
 
     cfg = section(params, "rctp", SFTConfig, {"seed": seed, "out_dir": str(out / "rctp")})
     recipe = json.dumps([[r.to_json() for r in records], repr(cfg), repr(model_cfg)])

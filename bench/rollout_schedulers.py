@@ -87,7 +87,8 @@ def bench_policy(tasks, model_path: str | None):
     if not (folder / "final" / "rcgrpo_policy.json").exists():
         from rcgrpo.chat.record import write_jsonl
         from rcgrpo.data.experts import generate_experts
-        from rcgrpo.training.sft import SFTConfig, run_sft
+        from rcgrpo.training.sft import run_sft
+        from rcgrpo.training.sft_config import SFTConfig
 
         print(f"training the bench policy once: tiny, SFT on {len(tasks)} experts -> {folder}")
         folder.mkdir(parents=True, exist_ok=True)

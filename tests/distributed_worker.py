@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # toy_models
 from toy_models import tiny_llama  # noqa: E402
 
 from rcgrpo.training import distributed  # noqa: E402
-from rcgrpo.training.sft import SFTConfig, train_sft  # noqa: E402
+from rcgrpo.training.sft import train_sft  # noqa: E402
+from rcgrpo.training.sft_config import SFTConfig  # noqa: E402
 
 
 def data(n: int = 12):

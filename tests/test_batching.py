@@ -231,7 +231,8 @@ def sft_examples():
 
 
 def test_sft_token_budget_equals_padded_micro_batches(tmp_path):
-    from rcgrpo.training.sft import SFTConfig, train_sft
+    from rcgrpo.training.sft import train_sft
+    from rcgrpo.training.sft_config import SFTConfig
 
     runs = {}
     for name, over in (("count", {}), ("budget", {"max_tokens_per_micro_batch": 48})):

@@ -147,7 +147,8 @@ def test_pipeline_stages_on_two_ranks(prefect_server, mlflow_store, tmp_path, mo
     from rcgrpo.data.perturbations import perturbations
     from rcgrpo.models.profiles import ModelConfig
     from rcgrpo.run_config import resolve
-    from rcgrpo.training.sft import SFTConfig, run_sft
+    from rcgrpo.training.sft import run_sft
+    from rcgrpo.training.sft_config import SFTConfig
 
     tasks = [t for t in tasks_in("train") if t.category == "base"][:2]
     records = [expert(t, "combined") for t in tasks] + [perturbations(tasks[0], "combined")[0]]

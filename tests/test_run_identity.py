@@ -17,7 +17,8 @@ from test_sft import examples, tiny_model
 
 from rcgrpo.training.checkpoint import CheckpointError
 from rcgrpo.training.run_identity import config_hash
-from rcgrpo.training.sft import SFTConfig, train_sft
+from rcgrpo.training.sft import train_sft
+from rcgrpo.training.sft_config import SFTConfig
 
 
 def _cfg(out, **kw) -> SFTConfig:

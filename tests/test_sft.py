@@ -6,7 +6,8 @@ import torch
 from toy_models import tiny_llama
 
 from rcgrpo.chat.record import HIGH, LOW, Provenance, Trajectory
-from rcgrpo.training.sft import SFTConfig, batch_schedule, goal_for, select, summed_ce, train_sft
+from rcgrpo.training.sft import batch_schedule, goal_for, select, summed_ce, train_sft
+from rcgrpo.training.sft_config import SFTConfig
 
 
 def tiny_model(seed=0):

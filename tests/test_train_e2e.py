@@ -21,7 +21,8 @@ def test_rctp_then_rcgrpo_with_exact_resume(tmp_path):
     from rcgrpo.rollout.execution import make_engine
     from rcgrpo.training.grpo.config import RLConfig
     from rcgrpo.training.grpo.trainer import Trainer
-    from rcgrpo.training.sft import SFTConfig, run_sft
+    from rcgrpo.training.sft import run_sft
+    from rcgrpo.training.sft_config import SFTConfig
 
     tasks = [t for t in tasks_in("train") if t.category == "base"][:2]
     records = [expert(t, "combined") for t in tasks] + [perturbations(tasks[0], "combined")[0]]

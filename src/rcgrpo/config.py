@@ -88,8 +88,8 @@ def load_section(section: str, cls, path: Path | None = None, overrides: dict | 
 
 # params.yaml section -> its dataclass ("module:Class", imported only when a --set names it)
 SECTIONS = {
-    "rctp": "rcgrpo.training.sft:SFTConfig",
-    "sft": "rcgrpo.training.sft:SFTConfig",
+    "rctp": "rcgrpo.training.sft_config:SFTConfig",
+    "sft": "rcgrpo.training.sft_config:SFTConfig",
     "rl": "rcgrpo.training.grpo.config:RLConfig",
     "eval": "rcgrpo.evaluation.config:EvalConfig",
     "model": "rcgrpo.models.profiles:ModelConfig",

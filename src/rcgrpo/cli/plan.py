@@ -28,7 +28,7 @@ def resolve(preset: str, sets: list[str], profile: str) -> dict:
     from rcgrpo.models.profiles import ModelConfig
     from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.training.grpo.config import RLConfig
-    from rcgrpo.training.sft import SFTConfig
+    from rcgrpo.training.sft_config import SFTConfig
 
     params = read_params()
     preset = preset or (params.get("pipeline") or {}).get("preset", "cpu")
