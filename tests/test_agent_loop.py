@@ -14,7 +14,8 @@ from rcgrpo.chat.prompts import NEW_FUNCTIONS_HEADER, Renderer, format_calls
 from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
-from rcgrpo.rollout.agent_loop import AgentLoop, Limits, render_example, results
+from rcgrpo.rollout.agent_loop import AgentLoop, Limits, results
+from rcgrpo.rollout.sft_render import render_example
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@ string reads back as the same call, and the scoring replay agrees with the live 
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 
@@ -18,16 +20,23 @@ from rcgrpo.bfcl.checkers import score
 from rcgrpo.bfcl.environment import Episode
 from rcgrpo.bfcl.executor import parse_calls
 from rcgrpo.bfcl.live_replay import hostile_family, hostile_texts, live_vs_replay
+from rcgrpo.bfcl.sandbox import EnvConfig, Sandbox
 from rcgrpo.bfcl.tasks import get_task, load_tasks
 from rcgrpo.chat.prompts import Renderer
+from rcgrpo.chat.record import HIGH
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
 from rcgrpo.rollout.agent_loop import AgentLoop
+from rcgrpo.rollout.engine import Engine, RolloutConfig, Sample
 
 
 @pytest.fixture(scope="module")
-def renderer():
-    policy = load_policy(ModelConfig(profile="tiny"))
+def policy():
+    return load_policy(ModelConfig(profile="tiny"))
+
+
+@pytest.fixture(scope="module")
+def renderer(policy):
     return Renderer(policy.tokenizer, policy.stop_id)
 
 
@@ -126,3 +135,97 @@ def test_json_keys_with_quotes_get_a_clear_one_line_error():
     text = json.dumps({"name": "cd", "arguments": {"folder'": "a"}})
     (error,) = parse_calls(text).errors
     assert "argument name of 'cd'" in error and "\n" not in error
+
+
+class Scripted(Engine):
+    """Answers the n-th message of every episode with the n-th text of `script` (real
+    tokenizer ids): the scheduler, agent loop and tool sandboxes under test are real."""
+
+    def __init__(self, cfg, policy, script):
+        super().__init__(cfg, policy)
+        self.texts = script
+        self.script = [self.renderer.encode(t) + [policy.stop_id] for t in script]
+
+    def sync(self, policy):
+        pass
+
+    def generate(self, prompts, max_new, seeds, episodes=None):
+        out = []
+        for prompt in prompts:
+            step = self.renderer.decode(prompt).count("<|im_start|>assistant") - 1
+            ids = self.script[min(step, len(self.script) - 1)]
+            out.append(Sample(list(ids), [0.0] * len(ids)))
+        return out
+
+
+HOSTILE_MESSAGES = [
+    "cd(folder={[1]})",
+    '{"name": "cd", "arguments": {"\\ud800": 1}}',
+    "[cd(folder={{}: 2}), ls()]",
+    "cd(folder='\\ud800')",
+    "All done.",
+]
+
+
+@pytest.mark.parametrize("scheduler", ["lockstep", "async"])
+def test_the_probes_pass_through_the_scheduler(policy, scheduler):
+    """bfcl protocol: each probe ends its turn (no runnable call), the episode goes on."""
+    cfg = RolloutConfig(
+        protocol="bfcl", max_new_tokens=64, max_total_tokens=6000, scheduler=scheduler
+    )
+    tasks = [get_task("multi_turn_base_0"), get_task("multi_turn_base_1")]
+    engine = Scripted(cfg, policy, HOSTILE_MESSAGES)
+    rollouts = engine.rollout(tasks, HIGH, seed=0)
+    assert [r.stop_reason for r in rollouts] == ["finished", "finished"]
+    assert engine.last_stats["rollout/episode_errors"] == 0
+    for rollout in rollouts:
+        for message in rollout.messages:
+            message["content"].encode("utf-8")
+
+
+@pytest.mark.parametrize("scheduler", ["lockstep", "async"])
+def test_an_episode_whose_code_raises_fails_alone_and_is_counted(policy, monkeypatch, scheduler):
+    """A fault in one episode's own code (injected: the real probes no longer raise) ends that
+    episode with reward 0 and its reason; the other episodes of the call finish."""
+    step = Episode.step
+
+    def faulty(self, text_or_calls):
+        if self.task.id == "multi_turn_base_1":
+            raise RuntimeError("tool state lost\nsecond line")
+        return step(self, text_or_calls)
+
+    monkeypatch.setattr(Episode, "step", faulty)
+    cfg = RolloutConfig(max_new_tokens=64, max_total_tokens=4000, scheduler=scheduler)
+    tasks = [get_task(f"multi_turn_base_{n}") for n in (0, 1, 2)]
+    engine = Scripted(cfg, policy, ["ls()", "done()"])
+    rollouts = engine.rollout(tasks, HIGH, seed=0)
+    assert [r.stop_reason for r in rollouts] == ["done", "error", "done"]
+    failed = rollouts[1].trajectory
+    assert failed.paper_reward == failed.bfcl_reward == 0
+    assert (
+        failed.reward_reason["paper"]["reason"] == "episode failed: RuntimeError: tool state lost"
+    )
+    assert engine.last_stats["rollout/episode_errors"] == 1
+    assert len(rollouts[1].ids) == len(rollouts[1].mask) == len(rollouts[1].logprobs)
+
+
+def test_a_trusted_replay_that_overruns_fails_the_episode_not_the_caller(renderer):
+    """The worker is killed (for real) after a slow call; its rebuild replays that call as
+    trusted, and under load it overruns: the episode ends as a failure with that reason."""
+    sandbox = Sandbox(EnvConfig(tool_timeout_s=5.0))
+    try:
+        loop = AgentLoop(get_task("multi_turn_base_15"), renderer, sandbox=sandbox)
+        say = renderer.encode("power(base=3, exponent=3000000)") + [renderer.stop_id]
+        loop.feed(say, [0.0] * len(say))
+        assert loop.pending() is not None
+        os.kill(sandbox.pid(), signal.SIGKILL)
+        sandbox.config = EnvConfig(tool_timeout_s=0.001)  # the rebuild's replay overruns
+        say = renderer.encode("absolute_value(number=-2)") + [renderer.stop_id]
+        loop.feed(say, [0.0] * len(say))
+        assert loop.stop_reason == "error" and "trusted call timed out" in loop.error
+        rollout = loop.result()
+        assert (
+            rollout.reward == 0 and "trusted" in rollout.trajectory.reward_reason["paper"]["reason"]
+        )
+    finally:
+        sandbox.close()

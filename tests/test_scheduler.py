@@ -259,9 +259,9 @@ def test_engine_metrics_of_shards_and_ranks_are_merged_by_hand_values():
 
     parts = [
         {"rollout/prompt_tokens": 1000.0, "rollout/prefill_tokens": 400.0,
-         "perf/engine_busy_frac": 0.5, "perf/in_flight_max": 8.0},
+         "perf/engine_busy_frac": 0.5, "perf/in_flight_max": 8.0, "rollout/episode_errors": 1.0},
         {"rollout/prompt_tokens": 3000.0, "rollout/prefill_tokens": 600.0,
-         "perf/engine_busy_frac": 0.9, "perf/in_flight_max": 12.0},
+         "perf/engine_busy_frac": 0.9, "perf/in_flight_max": 12.0, "rollout/episode_errors": 2.0},
     ]  # fmt: skip
     assert merge_stats(parts) == {
         "rollout/prompt_tokens": 4000.0,
@@ -269,5 +269,6 @@ def test_engine_metrics_of_shards_and_ranks_are_merged_by_hand_values():
         "rollout/prefix_cache_hit_rate": 0.75,  # 1 - 1000 / 4000, not the mean 0.7 of 0.6, 0.8
         "perf/engine_busy_frac": 0.7,
         "perf/in_flight_max": 12.0,
+        "rollout/episode_errors": 3.0,
     }
     assert merge_stats([]) == {}

@@ -18,7 +18,7 @@ Stops: done / a message with no parsable call (ends the turn) / step limit / tok
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rcgrpo.bfcl.checkers import score, score_many
 from rcgrpo.bfcl.environment import STEP_LIMIT, Episode
@@ -48,7 +48,7 @@ class Rollout:
     prompt_len: int  # ids[:prompt_len] is the first prompt (reward goal included)
     messages: list[dict]  # the conversation; decode(ids) == chat template rendering of it
     calls: list[list[list[str]]]  # per turn, per step, call strings (checkers' layout)
-    stop_reason: str  # "done" | "no_calls" | "finished" | "step_limit" | "token_budget"
+    stop_reason: str  # "done" | "no_calls" | "finished" | "step_limit" | "token_budget" | "error"
     trajectory: Trajectory  # the record, scored with both checkers
 
     @property
@@ -81,7 +81,7 @@ def first_messages(
     return messages, prompts.tool_entries(docs, compact)
 
 
-def _with_revealed_docs(task: Task, turn: int, content: str, protocol: str, compact: bool) -> str:
+def with_revealed_docs(task: Task, turn: int, content: str, protocol: str, compact: bool) -> str:
     """A bfcl-protocol reveal turn's user message with the docs of the functions it reveals."""
     names = sorted(task.missed_functions.get(turn, []))
     if protocol != "bfcl" or not names or prompts.NEW_FUNCTIONS_HEADER in content:
@@ -124,6 +124,7 @@ class AgentLoop:
         self.calls: list[list[list[str]]] = [[]]
         self.pending_messages: list[dict] = []  # shown to the model with the next prompt
         self.stop_reason = ""
+        self.error = ""  # why the episode failed, with stop reason "error"
         if self.prompt_len + 1 >= limits.max_total_tokens:  # no room for a single sampled token
             self._finish("token_budget")
 
@@ -136,7 +137,22 @@ class AgentLoop:
         return min(self.limits.max_new_tokens, self.limits.max_total_tokens - len(self.ids) - 1)
 
     def feed(self, sampled: list[int], logprobs: list[float]) -> None:
-        """Append one sampled message (its stop token included if sampled), act on it."""
+        """Append one sampled message (its stop token included if sampled), act on it.
+
+        Whatever this episode's own code raises on the message (parsing, a tool worker that
+        cannot rebuild the state, rendering the observations) ends this episode alone as a
+        failure (stop "error", reward 0, the reason kept), never the rollout call."""
+        before = (len(self.ids), len(self.messages), [list(turn) for turn in self.calls])
+        try:
+            self._feed(sampled, logprobs)
+        except Exception as e:  # noqa: BLE001 - one episode's failure is its own outcome
+            n_ids, n_messages, self.calls = before
+            del self.ids[n_ids:], self.mask[n_ids:], self.logprobs[n_ids:]
+            del self.messages[n_messages:]
+            self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self._finish("error")
+
+    def _feed(self, sampled: list[int], logprobs: list[float]) -> None:
         # any end-of-message token the model sampled (<|eom_id|> too) is kept as sampled
         stopped = bool(sampled) and sampled[-1] in self.renderer.stop_ids
         content_ids = sampled[:-1] if stopped else sampled
@@ -173,7 +189,7 @@ class AgentLoop:
             return self._finish(reason if self.protocol == "combined" else "finished")
         user = self.episode.begin_turn()
         turn = self.episode.turn
-        last = _with_revealed_docs(self.task, turn, user[-1]["content"], "bfcl", self.compact)
+        last = with_revealed_docs(self.task, turn, user[-1]["content"], "bfcl", self.compact)
         user = [*user[:-1], {**user[-1], "content": last}]
         self.pending_messages += user
         self.calls.append([])
@@ -200,7 +216,10 @@ class AgentLoop:
         (`results` scores a whole batch of loops in one request to the sandbox worker)."""
         if not self.stop_reason:
             raise RuntimeError(f"{self.task.id}: episode still running")
-        paper, bfcl = verdicts or score(self.task, self.calls, self.protocol)
+        if self.stop_reason == "error":  # a failed episode scores 0 on both, with its reason
+            paper = bfcl = Verdict(False, None, f"episode failed: {self.error}")
+        else:
+            paper, bfcl = verdicts or score(self.task, self.calls, self.protocol)
         trajectory = Trajectory(
             task_id=self.task.id,
             category=self.task.category,
@@ -234,60 +253,25 @@ def results(loops: list[AgentLoop]) -> list[Rollout]:
     verdicts: list = [None] * len(loops)
     for protocol in dict.fromkeys(loop.protocol for loop in loops):
         index = [i for i, loop in enumerate(loops) if loop.protocol == protocol]
-        scored = score_many([(loops[i].task, loops[i].calls) for i in index], protocol)
+        scored = _score_each_alone_on_failure(
+            [(loops[i].task, loops[i].calls) for i in index], protocol
+        )
         for i, verdict in zip(index, scored, strict=True):
             verdicts[i] = verdict
     return [loop.result(v) for loop, v in zip(loops, verdicts, strict=True)]
 
 
-@dataclass
-class Example:
-    """An SFT example: ids (T,) and the assistant-only loss mask (T,)."""
-
-    ids: list[int]
-    mask: list[int]
-    task_id: str = ""
-    reward_token: str | None = None
-    extra: dict = field(default_factory=dict)
-
-
-def render_example(trajectory: Trajectory, policy) -> Example:
-    """A recorded trajectory as token ids + assistant-only mask, laid out exactly as rollouts
-    of `policy` (a models.Policy) are: same system prompt, tools, reward goal, continuations. The system and first user
-    message are rebuilt from the task (so a record from any source renders the same prompt);
-    the remaining messages are taken from the record. An assistant message's text is `content`,
-    or the BFCL python list of its `tool_calls` when content is empty."""
-    from rcgrpo.bfcl.tasks import get_task
-
-    renderer, compact_docs = prompts.Renderer(policy.tokenizer, policy.stop_id), policy.compact_docs
-    task = get_task(trajectory.task_id)
-    episode = Episode(task, hide_missed=trajectory.protocol == "bfcl")
-    episode.begin_turn(0)
-    messages, tools = first_messages(
-        task, episode, trajectory.protocol, trajectory.reward_token, compact_docs
-    )
-    rest = trajectory.messages[[m["role"] for m in trajectory.messages].index("user") + 1 :]
-    ids = renderer.prompt(messages, tools)
-    mask = [0] * len(ids)
-    pending: list[dict] = []
-    turn = 0
-    for message in rest:
-        if message["role"] != "assistant":
-            content = message.get("content") or ""
-            if message["role"] == "user":
-                turn += 1
-                content = _with_revealed_docs(
-                    task, turn, content, trajectory.protocol, compact_docs
-                )
-            pending.append({"role": message["role"], "content": content})
-            continue
-        if pending:  # observations / user turn between two assistant messages
-            piece = renderer.continuation(messages, pending, tools, True)
-            ids, mask = ids + piece, mask + [0] * len(piece)
-            messages, pending = messages + pending, []
-        text = message.get("content") or prompts.format_calls(message.get("tool_calls") or [])
-        piece = renderer.encode(text) + [renderer.stop_id]
-        ids, mask = ids + piece, mask + [1] * len(piece)
-        messages = [*messages, {"role": "assistant", "content": text}]
-    tail = renderer.encode(renderer.after_stop)
-    return Example(ids + tail, mask + [0] * len(tail), task.id, trajectory.reward_token)
+def _score_each_alone_on_failure(items, protocol: str) -> list[tuple[Verdict, Verdict]]:
+    """`score_many`; if the batch raises (a trusted replay that overruns its limit in a rebuilt
+    worker), each trajectory is scored alone and the one that raises fails with the reason."""
+    try:
+        return score_many(items, protocol)
+    except Exception:  # noqa: BLE001 - find the trajectory at fault below
+        out = []
+        for task, calls in items:
+            try:
+                out.append(score(task, calls, protocol))
+            except Exception as e:  # noqa: BLE001 - this trajectory's failure, with its reason
+                failed = Verdict(False, None, f"scoring failed: {type(e).__name__}: {e}")
+                out.append((failed, failed))
+        return out

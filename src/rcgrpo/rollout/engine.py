@@ -127,6 +127,10 @@ class Engine:
         results = scored_results(loops)  # one scoring request for the whole batch
         check_sampled(results, self.cfg.max_total_tokens)
         self.last_stats = self.stats(before, self.counters(), wall)
+        # episodes that failed on their own (agent_loop.AgentLoop.feed): counted, not raised
+        self.last_stats["rollout/episode_errors"] = float(
+            sum(r.stop_reason == "error" for r in results)
+        )
         return results
 
     def prompt_lengths(self, tasks: Sequence[Task], reward_token: str | None = None,
@@ -172,7 +176,7 @@ def check_sampled(rollouts: list[Rollout], budget: int) -> None:
     and score nothing: warn with counts; a batch where every episode did so is an error."""
     import warnings
 
-    empty = [r for r in rollouts if r.n_sampled == 0]
+    empty = [r for r in rollouts if r.n_sampled == 0 and r.stop_reason != "error"]
     if not empty:
         return
     longest = max(r.prompt_len for r in empty)

@@ -209,7 +209,7 @@ def render_examples(policy, records: list[Trajectory], cfg: SFTConfig):
     """Render the selected records into (ids, assistant mask) pairs with the agent loop's renderer."""
     import dataclasses
 
-    from rcgrpo.rollout.agent_loop import render_example
+    from rcgrpo.rollout.sft_render import render_example
 
     out = []
     for r in select(records, cfg.mode):
