@@ -27,3 +27,16 @@ def test_partition_shapes():
     assert sorted(len(p) for p in parts) == [1, 2, 2]
     assert sorted(i for p in parts for i in p) == [0, 1, 2, 3, 4]
     assert balance.partition([], 2) == [[], []]
+
+
+def test_ranks_share_deals_by_cost_and_pads_with_the_cheapest():
+    from rcgrpo.training.distributed import Ranks
+
+    shares = []
+    for rank in (0, 1):
+        r = Ranks.__new__(Ranks)  # the share arithmetic only: no process group needed
+        r.rank, r.world, r.attn_coef = rank, 2, 0.0
+        # micro-batches "a".."e" of 8, 7, 6, 5, 4 tokens (one row each)
+        shares.append(r.share(list("abcde"), [[8], [7], [6], [5], [4]]))
+    assert shares[0] == [("a", 1.0), ("d", 1.0), ("e", 1.0)]
+    assert shares[1] == [("b", 1.0), ("c", 1.0), ("e", 0.0)]  # filler: the cheapest, weight 0

@@ -5,7 +5,7 @@ no WORLD_SIZE > 1 in the environment) `launched()` is False, `for_training` give
 (same interface, plain backward and clipping), accelerate is never imported and the training
 loops run exactly as a loop without it. Under `accelerate launch` every rank loads the same
 seeded model and data and computes the same batch schedule; each optimizer batch's micro-batches
-are split between the ranks (contiguous shares, accelerate's split_between_processes), the model
+are dealt to the ranks by estimated cost (rcgrpo.training.balance, docs/balance.md), the model
 is wrapped by `accelerator.prepare` (DDP; FSDP when the accelerate config says so) and the
 gradients are all-reduced once per optimizer step (`no_sync` on all but the last micro-batch).
 
