@@ -27,7 +27,8 @@ from rcgrpo.chat.record import HIGH
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
 from rcgrpo.rollout.agent_loop import AgentLoop
-from rcgrpo.rollout.engine import Engine, RolloutConfig, Sample
+from rcgrpo.rollout.config import RolloutConfig
+from rcgrpo.rollout.engine import Engine, Sample
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ no WORLD_SIZE > 1 in the environment) `launched()` is False, `for_training` give
 (same interface, plain backward and clipping), accelerate is never imported and the training
 loops run exactly as a loop without it. Under `accelerate launch` every rank loads the same
 seeded model and data and computes the same batch schedule; each optimizer batch's micro-batches
-are split between the ranks (contiguous shares, accelerate's split_between_processes), the model
+are dealt to the ranks by estimated cost (rcgrpo.training.balance, docs/balance.md), the model
 is wrapped by `accelerator.prepare` (DDP; FSDP when the accelerate config says so) and the
 gradients are all-reduced once per optimizer step (`no_sync` on all but the last micro-batch).
 
@@ -56,6 +56,8 @@ import math
 import os
 
 import torch
+
+from rcgrpo.training import balance
 
 MIN_TIMEOUT_S = 1800.0  # the process-group timeout is never shorter (30 min)
 DECODE_STEPS_PER_S_FLOOR = 10.0  # a slow GPU's decode steps per second (7B, 64 rows, long K/V)
@@ -140,19 +142,30 @@ class Ranks:
         self.model, self.optimizer = self.accelerator.prepare(_Call(model), optimizer)
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
+        self.attn_coef = balance.model_coef(model)  # what share's costs weigh T^2 at
 
     def forward(self, fn, *args):
         """fn(model, *args) inside the wrapped model's forward, e.g. sft.summed_ce: the loops
         compute log-probs through the decoder and head (rcgrpo.training.forward), not model.forward."""
         return self.model(fn, *args)
 
-    def share(self, micro_batches: list) -> list[tuple[object, float]]:
-        """This rank's (micro-batch, weight 1.0) of the global list, padded with (a micro-batch,
-        0.0) to ceil(M / world) entries so every rank does the same number of backwards."""
-        with self.accelerator.split_between_processes(list(micro_batches)) as mine:
-            mine = list(mine)
-        n = -(-len(micro_batches) // self.world)
-        return [(m, 1.0) for m in mine] + [(micro_batches[0], 0.0)] * (n - len(mine))
+    def share(self, micro_batches: list, rows: list | None = None) -> list[tuple[object, float]]:
+        """This rank's (micro-batch, weight 1.0) of the global list, dealt by estimated cost
+        (rcgrpo.training.balance: `rows`, each micro-batch's computed row lengths, at this
+        model's attention coefficient; without them all cost the same), padded with (the
+        cheapest micro-batch, 0.0) to the fullest rank's count: equal numbers of backwards."""
+        if not micro_batches:
+            return []
+        costs = (
+            [1.0] * len(micro_batches)
+            if rows is None
+            else [balance.cost(r, self.attn_coef) for r in rows]
+        )
+        parts = balance.partition(costs, self.world)
+        n = max(len(p) for p in parts)
+        cheapest = micro_batches[min(range(len(costs)), key=costs.__getitem__)]
+        mine = [(micro_batches[i], 1.0) for i in parts[self.rank]]
+        return mine + [(cheapest, 0.0)] * (n - len(mine))
 
     def syncing(self, i: int, n: int):
         """Context for forward + backward i of n: gradients all-reduce on the last one only."""
@@ -205,7 +218,7 @@ class Single:
     def forward(self, fn, *args):
         return fn(self.inner, *args)
 
-    def share(self, micro_batches: list) -> list[tuple[object, float]]:
+    def share(self, micro_batches: list, rows: list | None = None) -> list[tuple[object, float]]:
         return [(m, 1.0) for m in micro_batches]
 
     def syncing(self, i: int, n: int):

@@ -127,7 +127,7 @@ def train_sft(
     pad_id: int = 0,
 ) -> list[dict]:
     """Fine-tune `model` in place on rendered examples; returns the per-step metrics."""
-    from rcgrpo.training import batching, checkpoint, distributed
+    from rcgrpo.training import balance, batching, checkpoint, distributed
     from rcgrpo.training.forward import packs
     from rcgrpo.training.run_identity import begin
 
@@ -165,7 +165,7 @@ def train_sft(
             groups = batching.fixed_micro_batches(len(batch), cfg.micro_batch_size)
         micro = [[batch[i] for i in g] for g in groups]
         # the global normalisation (n_tokens of the whole batch) on every rank, summed over them
-        mine = ranks.share(micro)
+        mine = ranks.share(micro, [balance.rows(lengths, g, packed) for g in groups])
         for k, (mb, weight) in enumerate(mine):
             ids, mask, attn = (t.to(dev) for t in pad(mb, pad_id))
             with ranks.syncing(k, len(mine)):  # forward and backward: DDP arms in forward

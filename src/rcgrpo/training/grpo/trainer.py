@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from rcgrpo.training import batching, checkpoint, distributed
+from rcgrpo.training import balance, batching, checkpoint, distributed
 from rcgrpo.training.forward import packs
 from rcgrpo.training.grpo import rollouts, update
 from rcgrpo.training.grpo.config import RLConfig, step_seed
@@ -167,7 +167,13 @@ class Trainer:
         # pi_old and the reference sharded like the update: this rank's micro-batches of the
         # first pass (the same forwards as its first update: ratio exactly 1), then summed
         # over the ranks (later passes reshuffle the micro-batches between ranks)
-        mine = [c for mini in passes[0] for c, w in self.ranks.share(mini) if w]
+        rows = [[balance.padded_rows(batch.attn, c) for c in mini] for mini in passes[0]]
+        mine = [
+            c
+            for mini, r in zip(passes[0], rows, strict=True)
+            for c, w in self.ranks.share(mini, r)
+            if w
+        ]
         ref_fn = self._ref_logprobs if use_ref else None
         old, ref, gap = update.behaviour_logprobs(
             self.model, batch, mine, self._logprobs, self.temperature, ref_fn

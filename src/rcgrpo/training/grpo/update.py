@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rcgrpo.training import balance
 from rcgrpo.training.forward import masked_hidden, scatter, with_training_attention
 from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.core_algos import policy_loss
@@ -131,7 +132,7 @@ def ppo_updates(model, optimizer, ranks, batch: Batch, old, ref, adv, passes, cf
         total = sum(size(c) for c in mini).clamp(min=1)
         upd: dict[str, float] = {}
         # (micro-batch, 1.0); under accelerate this rank's share, + zero-weight padding
-        mine = ranks.share(mini)
+        mine = ranks.share(mini, [balance.padded_rows(attn, c) for c in mini])
         for i, (c, share) in enumerate(mine):
             cols = width(attn, c)  # its longest member: (b, cols) in, (b, cols-1) out
             m = mask[c, : cols - 1]
