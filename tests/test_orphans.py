@@ -37,7 +37,7 @@ def test_killed_pipeline_runs_are_marked_failed(mlflow_store):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    client = MlflowClient()
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])  # not a URI an earlier test set
     assert {client.get_run(r).info.status for r in (pipeline, child, alone)} == {"RUNNING"}
     assert sorted(fail_killed_pipelines()) == sorted([pipeline, child])
     assert client.get_run(pipeline).info.status == "FAILED"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 import subprocess
@@ -78,6 +79,10 @@ def artifact_root(root: Path | None = None) -> Path:
 def configure(root: Path | None = None, experiment: str = EXPERIMENT) -> str:
     """Point mlflow at the project's store, create the experiment if missing; its id."""
     apply_defaults()
+    # a new store's "Creating initial MLflow database tables..." INFO lines are not the user's
+    # business: an error of the command that created it must stay one line
+    for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     store = store_dir(root)
     store.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{store / 'mlflow.db'}"
