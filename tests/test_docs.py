@@ -170,3 +170,9 @@ def test_layout_tree_lists_every_file_and_only_real_ones():
     assert not missing, f"README layout tree lacks: {missing}"
     gone = sorted(p for p in tree if not (ROOT / p).exists() and p not in ("mlflow",))
     assert not gone, f"README layout tree names files that do not exist: {gone}"
+
+
+def test_the_readme_is_a_front_door():
+    """The README stays a front door (<= 250 lines): details go to docs/ pages."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: move a section to docs/"
