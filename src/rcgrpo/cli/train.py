@@ -82,9 +82,11 @@ def train(
         stages = ("finetune",) if stage != "rl" else ("rl",)
         rc = resolve(params, preset, variant, sets, stages=stages, procs=procs)
     from rcgrpo.cli.doctor import refuse_cpu
+    from rcgrpo.training.distributed import launched
 
-    engine = rc.rollout.engine if stage == "rl" else "hf"
-    refuse_cpu(f"rcgrpo train {stage}", rc.model.profile, engine, rc.plan.procs, allow_cpu)
+    if not launched():  # a torchrun rank of `--procs N`: the command that launched it checked
+        engine = rc.rollout.engine if stage == "rl" else "hf"
+        refuse_cpu(f"rcgrpo train {stage}", rc.model.profile, engine, rc.plan.procs, allow_cpu)
     from rcgrpo.tracking.stage import run_stage
 
     resume = str(resume_from) if resume_from else resume  # run_identity.begin checks the rest
