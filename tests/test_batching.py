@@ -139,7 +139,7 @@ class MixEngine:
             r = int(7 in ids[len(prompt) :])
             out.append(SimpleNamespace(
                 ids=ids, loss_mask=[0] * len(prompt) + [1] * 4, logprobs=logps, calls=[],
-                trajectory=SimpleNamespace(paper_reward=r, bfcl_reward=r),
+                stop_reason="done", trajectory=SimpleNamespace(paper_reward=r, bfcl_reward=r),
             ))  # fmt: skip
         return out
 
