@@ -80,7 +80,7 @@ def batch(T: int, frac: float):
 
 
 def old_logprobs(model, ids, attn):
-    """The pre-issue-10 Trainer._logprobs: full logits (B, T-1, V) (temperature 1)."""
+    """The earlier Trainer._logprobs: full logits (B, T-1, V) (temperature 1)."""
     from rcgrpo.training.grpo.core_algos import token_logprobs
 
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()

@@ -23,7 +23,7 @@ from rcgrpo.training.grpo.trainer import Trainer
 
 
 def full_logits_loss(model, ids, attn, mask, old, ref, adv, temperature):
-    """The pre-issue-10 path: logits (B, T-1, V) at every position, entropy over all of them."""
+    """The earlier full-logits path: logits (B, T-1, V) at every position, entropy over all of them."""
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
     logp = token_logprobs(logits / temperature, ids[:, 1:])  # (B, T-1)
     loss, stats = policy_loss(logp, old, adv, mask, ref, entropy=token_entropy(logits.detach()))

@@ -26,7 +26,7 @@ from rcgrpo.bfcl.tasks import get_task
 LIMIT = 1.0
 SLACK = 3.0  # kill + restart of a worker + replay on a loaded 2-core box
 X = "x" * 30_000  # the longest literal the parser lets through is ~32k characters
-POWER = "power(base=10, exponent=300000000)"  # the issue's reproductions
+POWER = "power(base=10, exponent=300000000)"  # the reproductions of a CPU-bound tool call
 LOG = "logarithm(value=2, base=3, precision=50000000)"
 
 # (task, calls that set state up, hostile call, a normal call that must work afterwards)
@@ -115,7 +115,7 @@ def test_hostile_call_returns_within_the_limit_and_the_episode_goes_on(sandbox, 
     assert after.ok == [True] and not after.observations[0].startswith("Error")
 
 
-def test_the_issue_reproductions_time_out_and_state_survives(sandbox):
+def test_cpu_bound_calls_time_out_and_state_survives(sandbox):
     episode = Episode(get_task(MATH), sandbox=sandbox)
     episode.begin_turn()
     restarts = sandbox.restarts
@@ -282,7 +282,7 @@ def test_set_env_reaches_the_tool_worker_and_bad_values_fail_at_once():
 
 
 @pytest.mark.slow
-def test_env_run_cli_returns_on_the_issue_reproductions(tmp_path: Path):
+def test_env_run_cli_returns_on_cpu_bound_calls(tmp_path: Path):
     calls = tmp_path / "calls.json"
     calls.write_text(json.dumps([[POWER, LOG, "add(a=1, b=2)"]]))
     start = time.monotonic()

@@ -3,7 +3,7 @@
 A table gives each field of each config dataclass one bad value; the test refuses it through
 `--set` (parse_sets) and through a params.yaml file (check_params), and asserts that the fields
 covered are exactly the fields that exist, so a field added later without a table row (and, if
-numeric, without a `ranged(...)` interval or a Literal) fails here. The issue's own cases run
+numeric, without a `ranged(...)` interval or a Literal) fails here. The reported cases run
 through the real CLI: one line, exit 2, in seconds, before anything starts.
 
     .venv/bin/pytest tests/test_settings.py -q
@@ -252,7 +252,7 @@ def one_line(out) -> str:
 
 @pytest.mark.parametrize(
     "args, line",
-    [  # the issue's cases: a traceback, a silent no-op, or a late failure before
+    [  # the reported cases: a traceback, a silent no-op, or a late failure before
         (["run", "--set", "rl.p_high=7.0"], "error: rl.p_high=7.0: must be in [0, 1]"),
         (["run", "--set", "rollout.max_steps=-1"], "error: rollout.max_steps=-1: must be in [1, inf)"),
         (["run", "--set", "rl.clip_eps=-1.0"], "error: rl.clip_eps=-1.0: must be in (0, 1]"),
@@ -269,7 +269,7 @@ def one_line(out) -> str:
         (["eval", ".", "--set", "limit=-1"], "error: eval.limit=-1: must be in [0, inf)"),
     ],
 )  # fmt: skip
-def test_the_issues_bad_settings_fail_in_one_line_at_once(args, line):
+def test_reported_bad_settings_fail_in_one_line_at_once(args, line):
     out, wall = cli(*args)
     assert one_line(out) == line
     assert wall < 30, wall  # before any model, server or run: a few seconds of imports

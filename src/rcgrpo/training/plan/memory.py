@@ -2,7 +2,7 @@
 
 Pure arithmetic over an architecture (constants.Arch), byte widths and token counts; each term
 is a `Term(name, bytes, formula)` so the plan prints the formula beside the number. The terms
-the issue names: frozen weights, LoRA + optimizer, the reference adapter, checkpointed
+are: frozen weights, LoRA + optimizer, the reference adapter, checkpointed
 activations and one recomputed layer at the micro-batch's tokens, logits at its sampled
 positions, and the vLLM server's weights + KV cache. bench/memory.py checks the same functions
 against a measured peak on qwen-shape (`update_terms` is what it calls).
