@@ -77,3 +77,17 @@ def test_the_served_base_carries_the_lm_head_reward_rows(tmp_path):
     served = AutoModelForCausalLM.from_pretrained(folder)
     torch.testing.assert_close(served.get_output_embeddings().weight[ids], head_rows(policy))
     torch.testing.assert_close(served.get_input_embeddings().weight[ids], reward_rows(policy))
+
+
+def test_a_tied_head_is_seen_as_tied_every_time_so_one_run_exports_one_served_base():
+    """peft rebuilds a wrapped embedding's weight on each read: the tie check must not compare
+    the addresses of two fresh tensors (it then flipped between calls and a run exported the
+    same ~15 GB base twice under two keys)."""
+    from rcgrpo.models.export import head_rows
+    from rcgrpo.models.serving import base_key
+
+    tied = load_policy(ModelConfig(profile="tiny", lora=True, lora_r=8))
+    assert [head_rows(tied) for _ in range(20)] == [None] * 20
+    assert len({base_key(tied) for _ in range(20)}) == 1
+    untied = load_policy(ModelConfig(profile="qwen-shape", lora=True, lora_r=4))
+    assert head_rows(untied).shape == (2, 64)

@@ -30,10 +30,19 @@ def head_rows(policy: Policy):
     import torch
 
     emb, out = policy.model.get_input_embeddings(), policy.model.get_output_embeddings()
-    if out is None or out.weight.data_ptr() == emb.weight.data_ptr():
+    if out is None or _stored(out).data_ptr() == _stored(emb).data_ptr():
         return None
     with torch.no_grad():
         return out.weight[list(policy.reward_token_ids.values())].detach().cpu()
+
+
+def _stored(module):
+    """The weight a layer stores. peft's trainable-token wrapper computes `.weight` afresh on
+    each access (base + delta), so two reads of a tied pair are two tensors whose addresses
+    only match when the allocator happens to reuse one: compare what lies under the wrapper."""
+    while hasattr(module, "token_adapter"):
+        module = module.token_adapter.base_layer
+    return module.weight
 
 
 def export_for_serving(policy: Policy, folder: str | Path) -> Path:
