@@ -23,28 +23,21 @@ SET_HELP = "override a params.yaml field, section.key=value (repeatable), e.g. r
 
 def resolve(preset: str, sets: list[str], profile: str) -> dict:
     """The model, rollout, rl and fine-tuning sections as a run with this preset and these
-    --sets would use them: {"model", "rollout", "rl", "finetune", "stage", "preset"}."""
-    from rcgrpo.config import ConfigError, load_section, parse_sets, read_params
-    from rcgrpo.models.profiles import ModelConfig
-    from rcgrpo.rollout.config import RolloutConfig
-    from rcgrpo.training.grpo.config import RLConfig
-    from rcgrpo.training.sft_config import SFTConfig
+    --sets would use them (rcgrpo.run_config.resolve, as `rcgrpo run` builds them):
+    {"model", "rollout", "rl", "finetune", "stage", "preset"}."""
+    from rcgrpo.config import parse_sets, read_params
+    from rcgrpo.run_config import resolve as resolve_run
 
     params = read_params()
     preset = preset or (params.get("pipeline") or {}).get("preset", "cpu")
-    presets = params.get("presets") or {}
-    if preset not in presets:
-        raise ConfigError(f"preset {preset!r} is not in params.yaml presets: {sorted(presets)}")
     given = parse_sets([*sets, *([f"model.profile={profile}"] if profile else [])], True)
-    base = presets[preset] or {}
-    ov = {k: {**(base.get(k) or {}), **(given.get(k) or {})} for k in {*base, *given}}
-    rl = load_section("rl", RLConfig, overrides=ov.get("rl"))
-    stage = rl.init  # the fine-tuning stage RL starts from
+    rc = resolve_run(params, preset=preset, sets=given)
+    stage = rc.rl.init  # the fine-tuning stage RL starts from
     return {
-        "model": load_section("model", ModelConfig, overrides=ov.get("model")),
-        "rollout": load_section("rollout", RolloutConfig, overrides=ov.get("rollout")),
-        "rl": rl,
-        "finetune": load_section(stage, SFTConfig, overrides=ov.get(stage)),
+        "model": rc.model,
+        "rollout": rc.rollout,
+        "rl": rc.rl,
+        "finetune": getattr(rc, stage),
         "stage": stage,
         "preset": preset,
     }
