@@ -122,7 +122,7 @@ def worker(sets: list[str]) -> dict:
     import contextlib
 
     from rcgrpo.cli.pipeline import _enter_project, _resolve
-    from rcgrpo.servers import prefect_for_flows
+    from rcgrpo.flow_server import prefect_for_flows
 
     _enter_project()
     stack = contextlib.ExitStack()  # `rcgrpo ui`'s server, else the command's own (as `rcgrpo run`)

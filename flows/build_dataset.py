@@ -8,7 +8,7 @@ dvc add, git commit data.dvc, dvc push: one task under the build lock, recoverab
 kill, see rcgrpo.data.publishing). A failing suite raises before versioning, so data/ and
 data.dvc keep the previous version, checked out. Retries only on the I/O task write.
 Runs against PREFECT_API_URL when set; `rcgrpo data build` else uses `rcgrpo ui`'s server or one
-of its own that stops with it (rcgrpo.servers.prefect_for_flows).
+of its own that stops with it (rcgrpo.flow_server.prefect_for_flows).
 
     rcgrpo data build                                   # params.yaml `dataset:`
     rcgrpo data build --set train_tasks=8 --set test_tasks=4 --set rollouts=off
@@ -51,8 +51,10 @@ def generate_experts(cfg: DatasetConfig, split: str):
     if report.failed:
         get_run_logger().warning(
             "%d %s ground truths do not score 1 (kept out of the high set): %s",
-            len(report.failed), split, [f["task_id"] for f in report.failed],
-        )  # fmt: skip
+            len(report.failed),
+            split,
+            [f["task_id"] for f in report.failed],
+        )
     return tasks, report
 
 
@@ -61,9 +63,14 @@ def generate_perturbations(cfg: DatasetConfig, split: str, tasks):
     from rcgrpo.data.perturbations import generate_perturbations as run
 
     return run(
-        tasks, split, cfg.protocol, cfg.seed, cfg.kinds, cfg.attempts,
+        tasks,
+        split,
+        cfg.protocol,
+        cfg.seed,
+        cfg.kinds,
+        cfg.attempts,
         progress=_progress(f"perturbations {split}"),
-    )  # fmt: skip
+    )
 
 
 @task(cache_policy=NONE)
@@ -118,9 +125,13 @@ def generate_rollouts(
     refused = {k: v for k, v in report.refused.items() if v}
     logger.info(
         "rollouts of %s (%s): %d tried, %d kept as failures, %d refused (%s)",
-        model.path or model.profile, report.settings, report.tried, len(report.records),
-        sum(refused.values()), ", ".join(f"{k}: {v}" for k, v in refused.items()) or "none",
-    )  # fmt: skip
+        model.path or model.profile,
+        report.settings,
+        report.tried,
+        len(report.records),
+        sum(refused.values()),
+        ", ".join(f"{k}: {v}" for k, v in refused.items()) or "none",
+    )
     if not report.records:
         logger.warning("the base policy produced no usable failure: the low half is perturbations")
     by_split = {split: [r for r in report.records if r.split == split] for split in tasks_by_split}
@@ -195,7 +206,7 @@ def version(cfg: DatasetConfig, folder: Path) -> dict:
         push=cfg.push,
         lock_timeout=cfg.lock_timeout_s,
         remote=cfg.remote,
-    )  # fmt: skip  (the push inside the build lock: no other build can move data/ meanwhile)
+    )  # the push inside the build lock: no other build can move data/ meanwhile
     get_run_logger().info("versioned %s: rev %s md5 %s", cfg.data_dir, result["rev"], result["md5"])
     return result
 

@@ -50,16 +50,25 @@ def table_markdown(report: dict) -> str:
                 for checker, summary in s.items():
                     cats = summary["per_category"]
                     n = summary["pooled"].get("n", part.get("n_tasks", ""))
-                    cells = [part["protocol"], checker, token, str(seed), str(n),
-                             _fmt(summary["pooled"]), _fmt(summary["category_mean"]),
-                             *(_fmt(cats.get(c)) for c in CATEGORIES)]  # fmt: skip
+                    cells = [
+                        part["protocol"],
+                        checker,
+                        token,
+                        str(seed),
+                        str(n),
+                        _fmt(summary["pooled"]),
+                        _fmt(summary["category_mean"]),
+                        *(_fmt(cats.get(c)) for c in CATEGORIES),
+                    ]
                     lines.append("| " + " | ".join(cells) + " |")
     for checker, gap in report.get("gap", {}).items():
         lines.append(f"\ncontrollability gap ({checker}): {100 * gap['mean']:+.1f} points")
     temperature = (report.get("config") or {}).get("temperature", 0.0)
     decoding = "greedy" if not temperature else f"temperature {temperature}"
-    lines.append(f"\nheadline protocol: {report['protocol']} (the model's training protocol by "
-                 f"default), tasks: {report['n_tasks']}, {decoding} decoding")  # fmt: skip
+    lines.append(
+        f"\nheadline protocol: {report['protocol']} (the model's training protocol by "
+        f"default), tasks: {report['n_tasks']}, {decoding} decoding"
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -39,15 +39,24 @@ apply_defaults()
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def register(rl_run_id: str, name: str, config: dict, metrics: dict) -> str:
-    mv = registry.register_model(rl_run_id, "model", name, config, metrics,
-                                 description="RL model of an rcgrpo pipeline run")  # fmt: skip
+    mv = registry.register_model(
+        rl_run_id, "model", name, config, metrics, description="RL model of an rcgrpo pipeline run"
+    )
     return f"{name}/{mv.version}"
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def write_and_log_report(run_id: str, out_dir: str, info: dict, rl_run: str | None,
-                         ft_run: str | None, eval_report: str | None, table: str | None,
-                         rl_tasks: dict, rl_traces: dict | None = None) -> str:  # fmt: skip
+def write_and_log_report(
+    run_id: str,
+    out_dir: str,
+    info: dict,
+    rl_run: str | None,
+    ft_run: str | None,
+    eval_report: str | None,
+    table: str | None,
+    rl_tasks: dict,
+    rl_traces: dict | None = None,
+) -> str:
     from rcgrpo.tracking.report import write_report
 
     rl = registry.metric_histories(rl_run) if rl_run else {}
@@ -130,9 +139,16 @@ def pipeline_flow(
             "headline_goal": rc.eval.tokens[0],
         }
         out["report"] = write_and_log_report(
-            pid, str(report_dir / pid), info, rl and rl["run_id"], ft and ft["run_id"],
-            ev and ev["report"], ev and ev["table"], out.get("rl_tasks") or {}, rl_traces,
-        )  # fmt: skip
+            pid,
+            str(report_dir / pid),
+            info,
+            rl and rl["run_id"],
+            ft and ft["run_id"],
+            ev and ev["report"],
+            ev and ev["table"],
+            out.get("rl_tasks") or {},
+            rl_traces,
+        )
     print(json.dumps(out, indent=1, default=str))
     return out
 

@@ -163,7 +163,8 @@ def random_policy(profile: str, device: str, seed: int):
     import torch
     from transformers import AutoConfig, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from rcgrpo.models.loading import finish_policy, resolve
+    from rcgrpo.models.device import resolve
+    from rcgrpo.models.loading import finish_policy
     from rcgrpo.models.long_context import extend_positions
     from rcgrpo.models.profiles import PROFILES, ModelConfig
     from rcgrpo.models.sources import base_source

@@ -253,7 +253,8 @@ def test_sft_token_budget_equals_padded_micro_batches(tmp_path):
 def test_attention_is_chosen_per_device(monkeypatch):
     import importlib.util
 
-    from rcgrpo.models.loading import attention_implementation, load_policy
+    from rcgrpo.models.device import attention_implementation
+    from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
 
     assert attention_implementation(ModelConfig()) == "sdpa"  # the CPU

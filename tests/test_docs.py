@@ -1,6 +1,7 @@
 """The README and docs/ pages stay true to the checkout: every relative link resolves (the file,
 and the heading when a #anchor is given), every `rcgrpo ...` line of a fenced block names a real
-command (its `--help` exits 0), and the README's layout tree lists exactly the files there are.
+command (its `--help` exits 0), docs/layout.md's tree lists exactly the files there are, and the
+README's short tree names only real paths.
 
 Why: docs drift silently; a moved page, a renamed command or a new module should fail here, not
 confuse a reader.
@@ -130,9 +131,9 @@ def test_every_documented_rcgrpo_command_exists():
 
 
 def tree_paths() -> set[str]:
-    """The paths of the README's layout tree (`  x.py` lines are under the last `dir/` line)."""
-    text = (ROOT / "README.md").read_text()
-    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    """The paths of docs/layout.md's tree (`  x.py` lines are under the last `dir/` line)."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    block = text.split("```", 2)[1]
     paths, parent = set(), ""
     for line in block.splitlines():
         if not line.strip():
@@ -167,9 +168,21 @@ def listed_files() -> set[str]:
 def test_layout_tree_lists_every_file_and_only_real_ones():
     tree = tree_paths()
     missing = sorted(listed_files() - tree)
-    assert not missing, f"README layout tree lacks: {missing}"
+    assert not missing, f"docs/layout.md tree lacks: {missing}"
     gone = sorted(p for p in tree if not (ROOT / p).exists() and p not in ("mlflow",))
-    assert not gone, f"README layout tree names files that do not exist: {gone}"
+    assert not gone, f"docs/layout.md tree names files that do not exist: {gone}"
+
+
+def test_the_readme_short_tree_names_real_paths():
+    block = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("```", 2)[1]
+    parent, gone = "", []
+    for line in filter(str.strip, block.splitlines()):
+        names = line.split("  ")[0].strip().split(", ")
+        if not line.startswith("  "):
+            parent = names[0] if names[0].endswith("/") else ""
+        base = parent if line.startswith("  ") else ""
+        gone += [base + n for n in names if not (ROOT / (base + n)).exists() and n != "mlflow/"]
+    assert not gone, f"README layout names paths that do not exist: {gone}"
 
 
 def test_the_readme_is_a_front_door():

@@ -24,7 +24,7 @@ def test_an_explicit_rank_wins_and_a_rank_above_vllms_largest_is_one_line():
 
 
 def test_the_accepted_ranks_are_the_installed_vllms():
-    from rcgrpo.rollout.vllm_server import ensure_venv
+    from rcgrpo.rollout.vllm_venv import ensure_venv
 
     code = "import typing, vllm.config.lora as L; import json; print(json.dumps(typing.get_args(L.MaxLoRARanks)))"
     out = subprocess.run(

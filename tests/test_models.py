@@ -135,7 +135,7 @@ def test_auto_device_and_dtype(monkeypatch):
     test models stay float32); a bare "cuda" names the current device."""
     import torch
 
-    from rcgrpo.models.loading import resolve
+    from rcgrpo.models.device import resolve
 
     cpu = resolve(ModelConfig(profile="qwen2.5-7b-instruct"))
     assert (cpu.device, cpu.dtype) == ("cpu", "float32")  # this box has no GPU

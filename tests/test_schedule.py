@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from rcgrpo import servers
+from rcgrpo import flow_server, servers
 from rcgrpo.runtime import project_root
 
 pytestmark = pytest.mark.slow
@@ -202,7 +202,7 @@ def test_the_auth_string_goes_only_to_a_server_that_asks_for_it(prefect):
 
     home = prefect.log.parent
     port = int(prefect.url.rsplit(":", 1)[1])
-    assert servers.prefect_api_running(port, home) == (f"{prefect.url}/api", prefect.auth)
+    assert flow_server.prefect_api_running(port, home) == (f"{prefect.url}/api", prefect.auth)
     seen = []
 
     class Yes(http.server.BaseHTTPRequestHandler):
@@ -217,7 +217,7 @@ def test_the_auth_string_goes_only_to_a_server_that_asks_for_it(prefect):
     fake = http.server.HTTPServer(("127.0.0.1", 0), Yes)
     threading.Thread(target=fake.serve_forever, daemon=True).start()
     try:
-        assert servers.prefect_api_running(fake.server_address[1], home) is None
+        assert flow_server.prefect_api_running(fake.server_address[1], home) is None
     finally:
         fake.shutdown()
     assert seen and not any(seen), seen  # asked, but never with the auth string

@@ -255,7 +255,7 @@ def test_a_ranks_one_server_runs_on_the_ranks_gpu(monkeypatch):
 
 
 def test_engine_metrics_of_shards_and_ranks_are_merged_by_hand_values():
-    from rcgrpo.rollout.execution import merge_stats
+    from rcgrpo.rollout.call_stats import merge_stats
 
     parts = [
         {"rollout/prompt_tokens": 1000.0, "rollout/prefill_tokens": 400.0,

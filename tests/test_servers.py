@@ -103,7 +103,7 @@ import contextlib, json, os, sys, time
 from rcgrpo.runtime import apply_defaults
 apply_defaults()
 from prefect import flow
-from rcgrpo.servers import prefect_for_flows
+from rcgrpo.flow_server import prefect_for_flows
 
 @flow(name="probe")
 def probe():

@@ -164,10 +164,18 @@ def describe(hint) -> str:
     if origin in (typing.Union, types.UnionType):
         return " or ".join("null" if a is type(None) else describe(a) for a in args)
     if origin in (list, tuple):
-        return f"a list of {describe(args[0]).removeprefix('an ').removeprefix('a ')}" if args \
-            else "a list"  # fmt: skip
-    names = {int: "an int", float: "a number", str: "a string", bool: "true or false",
-             dict: "a mapping"}  # fmt: skip
+        return (
+            f"a list of {describe(args[0]).removeprefix('an ').removeprefix('a ')}"
+            if args
+            else "a list"
+        )
+    names = {
+        int: "an int",
+        float: "a number",
+        str: "a string",
+        bool: "true or false",
+        dict: "a mapping",
+    }
     return names.get(hint, getattr(hint, "__name__", str(hint)))
 
 

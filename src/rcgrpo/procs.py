@@ -44,8 +44,18 @@ def guarded(cmd: list[str], grace: float = GRACE_S, module: bool = True) -> list
 
     guard = ["-m", "rcgrpo.procs"] if module else [str(Path(__file__).resolve())]
     poll = [] if threading.current_thread() is threading.main_thread() else ["--poll-only"]
-    return [sys.executable, "-P", *guard, "--ppid", str(os.getpid()), "--grace", str(grace),
-            *poll, "--", *cmd]  # fmt: skip
+    return [
+        sys.executable,
+        "-P",
+        *guard,
+        "--ppid",
+        str(os.getpid()),
+        "--grace",
+        str(grace),
+        *poll,
+        "--",
+        *cmd,
+    ]
 
 
 def child_env(env: dict | None = None) -> dict:

@@ -1,5 +1,6 @@
 """Start, wait for and stop the local servers: the MLflow UI, the Prefect server (with its UI) of
-`rcgrpo ui`, and the private Prefect API server of one `rcgrpo run` / `rcgrpo data build`.
+`rcgrpo ui`; the private Prefect API server of one `rcgrpo run` / `rcgrpo data build` starts
+through them (rcgrpo.flow_server).
 
 All bind to 127.0.0.1, with settings that suit 2 cores (MLflow: one worker, job execution off;
 Prefect on SQLite). Each runs under a guard (rcgrpo.procs) in its own process group, from a
@@ -18,18 +19,15 @@ own origin and CSRF tokens on every POST/PUT/PATCH/DELETE (Prefect's clients fet
 The MLflow UI asks for its own login (rcgrpo.mlflow_ui, which starts it). tests/test_schedule.py
 and tests/test_servers.py check these against started servers.
 
-    rcgrpo ui                      # both, until Ctrl-C (see rcgrpo.cli.pipeline)
+    rcgrpo ui                      # both, until Ctrl-C (see rcgrpo.cli.ui)
     from rcgrpo.servers import start_prefect, stop
     server = start_prefect(port=4201); ...; stop(server)
-    with private_prefect():        # PREFECT_API_URL + PREFECT_API_AUTH_STRING set inside
-        flow()
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import importlib.util
 import os
 import secrets
 import subprocess
@@ -39,7 +37,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from rcgrpo.procs import GRACE_S, child_env, guarded, port_free, port_is_mine, port_owner
+from rcgrpo.procs import GRACE_S, child_env, guarded, port_free, port_owner
 from rcgrpo.runtime import apply_defaults, project_root
 
 HOST = "127.0.0.1"
@@ -78,9 +76,15 @@ def check_port(port: int, option: str) -> None:
 def _spawn(name: str, cmd: list[str], env: dict, url: str, health: str, log: Path) -> Server:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:  # never our stdout: a reader of it would wait for the server
-        proc = subprocess.Popen(guarded(cmd), env=child_env(env), stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=log.parent, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            guarded(cmd),
+            env=child_env(env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=log.parent,
+            start_new_session=True,
+        )
     return Server(name, proc, url, health, log)
 
 
@@ -130,8 +134,16 @@ def start_prefect(
     env["PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS"] = url
     env["PREFECT_SERVER_API_CORS_ALLOWED_METHODS"] = "GET,POST,PUT,PATCH,DELETE,OPTIONS"
     env["PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED"] = "true"
-    cmd = [_bin("prefect"), "server", "start", "--host", HOST, "--port", str(port),
-           "--analytics-off"]  # fmt: skip
+    cmd = [
+        _bin("prefect"),
+        "server",
+        "start",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--analytics-off",
+    ]
     log = _logs(log_dir) / "prefect-server.log"
     server = _spawn("Prefect UI", cmd, env, url, f"{url}/api/health", log)
     server.auth = auth
@@ -182,97 +194,3 @@ def stop(server: Server, timeout: float = GRACE_S + 10) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.proc.pid, signal.SIGKILL)
         server.proc.wait()
-
-
-def prefect_api_running(port: int = 4200, home: Path | None = None) -> tuple[str, str] | None:
-    """(API URL, auth string) of `rcgrpo ui`'s Prefect server when one answers on
-    127.0.0.1:<port>, runs as this user, refuses a request without the auth string and takes
-    this machine's one; else None (the string is never sent to anyone else's server)."""
-    api = f"http://{HOST}:{port}/api"
-    if not port_is_mine(port) or not answers(f"{api}/health", timeout=1.0):
-        return None  # the auth string goes only to a server of this user that asks for it
-    auth = prefect_auth(home, create=False)
-    if not auth or answers(f"{api}/admin/version", 2.0):
-        return None
-    return (api, auth) if answers(f"{api}/admin/version", 2.0, auth) else None
-
-
-def prefect_for_flows(stack: contextlib.ExitStack) -> str:
-    """Where this command's flows report, entered on `stack`: PREFECT_API_URL if the user set
-    one; else `rcgrpo ui`'s server when it answers and takes this machine's auth string (the
-    runs show there live); else a `private_prefect` server that stops with the command."""
-    if os.environ.get("PREFECT_API_URL"):
-        return os.environ["PREFECT_API_URL"]
-    if found := prefect_api_running():
-        stack.enter_context(use_prefect(*found))
-        return found[0]
-    server = stack.enter_context(private_prefect())
-    return f"{server.url}/api (this command's own, stopped with it; `rcgrpo ui` keeps a UI)"
-
-
-@contextlib.contextmanager
-def private_prefect(log_dir: Path | None = None, timeout: float | None = None):
-    """A Prefect API server for this command alone (what Prefect's ephemeral server was, but
-    it dies with the command: Prefect's outlived a kill -9 or a SIGTERM, re-parented to PID 1,
-    and held the command's stdout open). A fresh auth string per run; PREFECT_API_URL and
-    PREFECT_API_AUTH_STRING point this process (and its children) at it inside the block.
-    Queued Prefect logs and events are sent before it stops. Start it from the main thread."""
-    apply_defaults()
-    with contextlib.closing(__import__("socket").socket()) as s:
-        s.bind((HOST, 0))
-        port = s.getsockname()[1]
-    auth = f"rcgrpo:{secrets.token_urlsafe(24)}"
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env |= {
-        "PREFECT_SERVER_API_AUTH_STRING": auth,
-        "PREFECT_API_AUTH_STRING": auth,
-        "PREFECT_UI_ENABLED": "0",
-        "PREFECT__SERVER_EPHEMERAL": "1",
-        "PREFECT__SERVER_FINAL": "1",
-    }  # fmt: skip  (as Prefect starts its ephemeral one)
-    site = str(Path(importlib.util.find_spec("prefect").origin).parents[1])
-    # --app-dir: uvicorn would put its working directory first on sys.path otherwise
-    cmd = [sys.executable, "-P", "-m", "uvicorn", "--app-dir", site, "--factory",
-           "prefect.server.api.server:create_app", "--host", HOST, "--port", str(port),
-           "--log-level", "error", "--lifespan", "on"]  # fmt: skip
-    url = f"http://{HOST}:{port}"
-    log = _logs(log_dir) / "prefect-private.log"
-    server = _spawn("Prefect API (this command's)", cmd, env, url, f"{url}/api/health", log)
-    server.auth = auth
-    try:
-        limit = timeout or float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
-        wait_ready([server], limit)
-        with use_prefect(f"{url}/api", auth):
-            yield server
-    finally:
-        _drain_prefect()
-        stop(server)
-
-
-@contextlib.contextmanager
-def use_prefect(api: str, auth: str):
-    """Point the Prefect clients of this process and of the processes it starts at `api`, sending
-    `auth`. Prefect reads its settings when it is imported, so the environment alone reaches
-    only children: this process gets them through prefect's temporary_settings."""
-    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING")}
-    os.environ.update(PREFECT_API_URL=api, PREFECT_API_AUTH_STRING=auth)
-    try:
-        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
-
-        with temporary_settings(updates={PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: auth}):
-            yield
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-
-
-def _drain_prefect() -> None:
-    """Send Prefect's queued logs and events before their server stops (else they are lost)."""
-    if "prefect" not in sys.modules:
-        return
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    for worker in (APILogWorker, EventsWorker):
-        with contextlib.suppress(Exception):
-            worker.drain_all(timeout=10)

@@ -15,7 +15,7 @@ so `rcgrpo --help` stays fast (tests/test_cli_pipeline.py checks it).
 Errors of the project's own types (a bad `--set`, a corrupt JSONL row, a failed rollback, a
 refused checkpoint, ...) end every command the same way, in `main`: `error: <message>` on stderr
 and exit code 2, no traceback. Anything else is a bug and keeps its traceback.
-The top layer. Imports: bfcl, config, data, evaluation, fields, flows, mlflow_ui, models, rollout, run_config, run_lock, runtime, servers, tracking, training.
+The top layer. Imports: bfcl, config, data, evaluation, fields, flow_server, flows, mlflow_ui, models, rollout, run_config, run_lock, runtime, servers, tracking, training.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 
 import typer
 
-from rcgrpo.cli import config, doctor, env, pipeline, plan, train
+from rcgrpo.cli import config, doctor, env, pipeline, plan, train, ui
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -40,7 +40,7 @@ if importlib.util.find_spec("rcgrpo.cli.data") is not None:  # the data commands
 app.command("train")(train.train)
 app.command("eval")(train.eval_)
 app.command("compare")(train.compare)
-app.command("ui")(pipeline.ui)
+app.command("ui")(ui.ui)
 app.command("schedule")(pipeline.schedule)
 app.command("plan")(plan.plan)
 app.command("doctor")(doctor.doctor)

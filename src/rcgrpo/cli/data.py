@@ -47,7 +47,7 @@ def build(
     import contextlib
 
     from flows.build_dataset import build_dataset_flow  # prefect: heavy import
-    from rcgrpo.servers import prefect_for_flows
+    from rcgrpo.flow_server import prefect_for_flows
 
     try:
         with contextlib.ExitStack() as stack:  # its own Prefect server stops with the command

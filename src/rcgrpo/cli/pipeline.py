@@ -1,10 +1,9 @@
-"""`rcgrpo run|ui|schedule`: the whole pipeline, the two UIs, and the nightly schedule.
+"""`rcgrpo run|schedule`: the whole pipeline, and the nightly schedule (`rcgrpo ui`: rcgrpo.cli.ui).
 
     rcgrpo run                                   # data -> RCTP-FT -> RC-GRPO -> eval -> registry
     rcgrpo run --variant sft+grpo                # one of the paper's baselines instead
     rcgrpo run --set rl.steps=2 --set eval.limit=1 --stages finetune,rl,eval
     rcgrpo run --procs 8 --preset paper --profile qwen2.5-7b-instruct   # 8 GPUs, one rank each
-    rcgrpo ui                                    # MLflow UI :5000 + Prefect UI :4200, Ctrl-C stops
     rcgrpo schedule --cron "0 2 * * *"           # serve the pipeline nightly (needs `rcgrpo ui`)
 
 `--set section.key=value` (YAML value) overrides one params.yaml field for this run only. prefect,
@@ -28,8 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import sys
 import time
 
 import typer
@@ -92,8 +89,8 @@ def run(
     refuse_cpu("rcgrpo run", rc.model.profile, rc.rollout.engine, procs, allow_cpu)
     from flows.pipeline import pipeline_flow
     from rcgrpo.config import ConfigError
+    from rcgrpo.flow_server import prefect_for_flows
     from rcgrpo.models.serving import served_bases
-    from rcgrpo.servers import prefect_for_flows
 
     started = time.monotonic()
     with contextlib.ExitStack() as stack:  # a Prefect server of its own stops with the command
@@ -121,18 +118,6 @@ def run(
         f"  Prefect          {api}",
     ]
     typer.echo("\n".join(lines))
-
-
-def _experiment_link(host: str) -> str:
-    """The rcgrpo experiment in the UI's model-training view (MLflow 3.17 opens the GenAI view
-    without `?workflowType=`: rcgrpo.tracking.registry); the bare host before the first run."""
-    from mlflow.tracking import MlflowClient
-
-    from rcgrpo.tracking import registry
-    from rcgrpo.tracking import runs as tracking
-
-    exp = MlflowClient(tracking.tracking_uri()).get_experiment_by_name(tracking.EXPERIMENT)
-    return registry.experiment_url(exp.experiment_id, host) if exp else host
 
 
 def _traces_url(out: dict) -> str:
@@ -200,81 +185,6 @@ def _before_after(reports: dict) -> str:
     return ", ".join(parts) + " (success before -> after RL; greedy, paper reward)"
 
 
-class _Stop(Exception):
-    """SIGTERM or SIGHUP reached `rcgrpo ui` (SIGINT arrives as KeyboardInterrupt)."""
-
-
-def _raise_stop(signum, _frame):
-    raise _Stop(signal.Signals(signum).name)
-
-
-def ui(
-    mlflow_port: int = typer.Option(5000, help="MLflow UI port on 127.0.0.1"),
-    prefect_port: int = typer.Option(4200, help="Prefect server/UI port on 127.0.0.1"),
-    timeout: float = typer.Option(180.0, help="seconds to wait for both to answer"),
-) -> None:
-    """Start the MLflow UI and the Prefect UI on 127.0.0.1 (2-core settings); Ctrl-C stops both.
-
-    Everything it starts stops with it: on SIGINT, SIGTERM or SIGHUP, when either server dies,
-    and (through the guard of rcgrpo.procs) when this process is killed outright; the ports are
-    free again within ~6 s. A port already taken fails at once naming the process that holds it.
-    """
-    _enter_project()
-    from rcgrpo import mlflow_ui, servers
-    from rcgrpo.tracking import runs as tracking
-
-    if mlflow_port == prefect_port:
-        raise servers.ServerError(f"--mlflow-port and --prefect-port are both {mlflow_port}")
-    servers.check_port(mlflow_port, "--mlflow-port")  # both before either starts
-    servers.check_port(prefect_port, "--prefect-port")
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_stop)
-    typer.echo("starting the MLflow UI and the Prefect server (about 15-30 s on 2 cores) ...")
-    started, code = [], 0
-    try:
-        started.append(mlflow_ui.start_mlflow(tracking.store_dir(), mlflow_port))
-        started.append(servers.start_prefect(prefect_port))
-        servers.wait_ready(started, timeout)
-        auth_file = servers.prefect_home() / servers.AUTH_FILE
-        secret = tracking.store_dir() / mlflow_ui.PASSWORD_FILE
-        login = f"its login: user {mlflow_ui.USER}, the password in {secret}"
-        typer.echo(f"MLflow UI   {_experiment_link(started[0].url)}   (runs, traces; {login})")
-        typer.echo(f"Prefect UI  {started[1].url}   (flow runs, deployments, schedules; "
-                   f"its login asks for the password in {auth_file})")  # fmt: skip
-        typer.echo(
-            f"in another terminal: export PREFECT_API_URL={started[1].url}/api "
-            f"PREFECT_API_AUTH_STRING=$(cat {auth_file})  (rcgrpo run / schedule find both)"
-        )
-        typer.echo(f"logs: {started[0].log.parent}   Ctrl-C stops both", err=False)
-        sys.stdout.flush()
-        while all(s.proc.poll() is None for s in started):
-            time.sleep(0.5)
-        dead = [s.name for s in started if s.proc.poll() is not None]
-        typer.echo(f"{', '.join(dead)} exited; stopping the rest", err=True)
-        code = 1
-    except KeyboardInterrupt:
-        _say("stopping (SIGINT) ...")
-    except _Stop as e:
-        _say(f"stopping ({e}) ...")
-    except (RuntimeError, TimeoutError) as e:
-        _say(str(e), err=True)
-        code = 1
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the stop short
-        for s in started:
-            servers.stop(s)
-    _say("stopped")
-    if code:
-        raise typer.Exit(code)
-
-
-def _say(text: str, err: bool = False) -> None:
-    """echo that survives a closed terminal (after SIGHUP stdout may be gone)."""
-    with contextlib.suppress(OSError):
-        typer.echo(text, err=err)
-
-
 def schedule(
     cron: str = typer.Option("0 2 * * *", help="cron schedule (server time); default nightly"),
     name: str = typer.Option("nightly", help="deployment name: rcgrpo-pipeline/<name>"),
@@ -286,7 +196,7 @@ def schedule(
     _enter_project()
     rc = _resolve(set_, stages, "", "", "", 1)  # a bad --set fails before serving
     params: dict = {"rc": rc.to_dict()}
-    from rcgrpo.servers import prefect_api_running, use_prefect
+    from rcgrpo.flow_server import prefect_api_running, use_prefect
 
     found = prefect_api_running()
     if not os.environ.get("PREFECT_API_URL") and not found:

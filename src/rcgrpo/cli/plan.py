@@ -82,13 +82,24 @@ def plan(
         typer.echo(f"wrote {path}")
         return
     from rcgrpo.training.plan import constants
-    from rcgrpo.training.plan.report import check, make_plan, render
+    from rcgrpo.training.plan.render import render
+    from rcgrpo.training.plan.report import check, make_plan
 
     cfg = resolve(preset, set_, profile)
     spec, memory = pick_gpu(gpu, gpu_memory)
     mfu = mfu or constants.MFU
-    result = make_plan(cfg["model"], cfg["rollout"], cfg["rl"], cfg["finetune"], cfg["stage"],
-                       gpus, spec, memory, sampled_share or constants.SAMPLED_SHARE, mfu)  # fmt: skip
+    result = make_plan(
+        cfg["model"],
+        cfg["rollout"],
+        cfg["rl"],
+        cfg["finetune"],
+        cfg["stage"],
+        gpus,
+        spec,
+        memory,
+        sampled_share or constants.SAMPLED_SHARE,
+        mfu,
+    )
     result.head.append(f"preset {cfg['preset']}, fine-tuning stage {cfg['stage']}")
     if not result.problems or table:
         typer.echo(render(result, mfu))

@@ -154,8 +154,10 @@ def rollout_failures(
     except Exception as e:
         raise EngineUnavailable(f"{type(e).__name__}: {e}") from e
     local = engine
-    settings = {k: getattr(engine.cfg, k) for k in
-                ("engine", "scheduler", "protocol", "max_new_tokens", "max_total_tokens")}  # fmt: skip
+    settings = {
+        k: getattr(engine.cfg, k)
+        for k in ("engine", "scheduler", "protocol", "max_new_tokens", "max_total_tokens")
+    }
     report = RolloutReport(
         model={"profile": model.profile, "path": model.path, "seed": model.seed}, settings=settings
     )

@@ -60,14 +60,17 @@ def _checked(root: Path, j) -> tuple[Path, Path, Path]:
             and data.is_relative_to(root)
             and not any(data.is_relative_to(g) or g.is_relative_to(data) for g in guarded)
             and not _git(root, "ls-files", "--", str(data), check=False)
-            and (not data.exists() or (data / "manifest.json").is_file()
-                 or (root / f"{j['data_dir']}.dvc").is_file())
+            and (
+                not data.exists()
+                or (data / "manifest.json").is_file()
+                or (root / f"{j['data_dir']}.dvc").is_file()
+            )
             and backup.parent == tmp
             and backup.name.startswith(PREVIOUS)
             and new.is_relative_to(root)
             and new not in (root, data)
             and not new.is_relative_to(root / ".git")
-        )  # fmt: skip
+        )
     if not ok:
         raise VersioningError(
             f"{journal_path(root)} is not a journal rcgrpo wrote (it names paths a publish "

@@ -72,10 +72,15 @@ def publish(
         dvc_path = root / f"{data_dir}.dvc"
         backup = root / ".dvc" / "tmp" / f"rcgrpo-previous-{uuid.uuid4().hex[:12]}"
         entry = {
-            "phase": "swap", "data_dir": data_dir, "backup": str(backup), "new": str(folder),
-            "had_data": data.exists(), "gitignore_before": ignore_before.decode(),
-            "dvc_before": dvc_path.read_text() if dvc_path.exists() else None, "remote": remote,
-        }  # fmt: skip
+            "phase": "swap",
+            "data_dir": data_dir,
+            "backup": str(backup),
+            "new": str(folder),
+            "had_data": data.exists(),
+            "gitignore_before": ignore_before.decode(),
+            "dvc_before": dvc_path.read_text() if dvc_path.exists() else None,
+            "remote": remote,
+        }
         write_journal(root, entry)
         try:
             if data.exists():

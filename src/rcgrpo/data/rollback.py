@@ -56,8 +56,9 @@ def target_text(root: Path, full: str, rev: str, dvc_file: str, data_dir: str) -
     """data.dvc at `full`, byte for byte, if it tracks `data_dir` and nothing else: exactly one
     output, whose path is data_dir, no `wdir`. DVC checks out whatever path a .dvc file names,
     so a committed `path: src` (or `outputs`, `..`) would replace that folder: refused."""
-    raw = subprocess.run(["git", "-C", str(root), "show", f"{full}:{dvc_file}"],
-                         capture_output=True, check=True).stdout  # fmt: skip
+    raw = subprocess.run(
+        ["git", "-C", str(root), "show", f"{full}:{dvc_file}"], capture_output=True, check=True
+    ).stdout
     try:
         doc = yaml.safe_load(raw.decode())
         outs = doc["outs"]
@@ -65,8 +66,11 @@ def target_text(root: Path, full: str, rev: str, dvc_file: str, data_dir: str) -
         wdir = doc.get("wdir", ".")
     except (yaml.YAMLError, UnicodeDecodeError, TypeError, KeyError, IndexError, AttributeError):
         path = wdir = None
-    if not isinstance(path, str) or wdir not in (".", None) or (
-            os.path.normpath(path) != os.path.normpath(data_dir)):  # fmt: skip
+    if (
+        not isinstance(path, str)
+        or wdir not in (".", None)
+        or (os.path.normpath(path) != os.path.normpath(data_dir))
+    ):
         raise VersioningError(
             f"{dvc_file} at {rev} does not track {data_dir}/ alone (outs: "
             f"{' '.join(str(doc.get('outs') if isinstance(doc, dict) else doc).split())[:120]}"

@@ -198,16 +198,23 @@ def check_remote(root: str | Path, remote: str, data_dir: str = "data") -> Path:
     if path == _remote_dir(root):
         return path
     data = (root / data_dir).resolve()
-    for what, g in (("the project", root), ("git state", root / ".git"),
-                    ("DVC state", root / ".dvc"), ("the data folder", data)):  # fmt: skip
+    for what, g in (
+        ("the project", root),
+        ("git state", root / ".git"),
+        ("DVC state", root / ".dvc"),
+        ("the data folder", data),
+    ):
         if path == g or g.is_relative_to(path) or (g != root and path.is_relative_to(g)):
             raise VersioningError(f"{where}: {path} is or holds {what}; pick another folder")
     if path.is_relative_to(root) and _git(root, "ls-files", "--", str(path), check=False):
         raise VersioningError(f"{where}: git tracks files in {path}; pick another folder")
     objects = {"files", "tmp"}  # DVC 3 (files/md5/..) and DVC 2 (2-hex folders) layouts
-    if path.exists() and (not path.is_dir() or any(
-            p.name not in objects and not (len(p.name) == 2 and p.is_dir())
-            for p in path.iterdir())):  # fmt: skip
+    if path.exists() and (
+        not path.is_dir()
+        or any(
+            p.name not in objects and not (len(p.name) == 2 and p.is_dir()) for p in path.iterdir()
+        )
+    ):
         raise VersioningError(
             f"{where}: {path} exists and is not a DVC remote (only files/ may be in it)"
         )

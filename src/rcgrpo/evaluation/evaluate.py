@@ -118,8 +118,17 @@ def outcome_of(task: Task, rollout, protocol: str, token: str, seed: int) -> Out
     record = getattr(rollout, "trajectory", None)
     if record is None:
         return score_calls(task, rollout.calls, protocol, token, seed)
-    return Outcome(task.id, task.category, token, seed, protocol, record.paper_reward,
-                   record.bfcl_reward, rollout.calls, dict(record.reward_reason))  # fmt: skip
+    return Outcome(
+        task.id,
+        task.category,
+        token,
+        seed,
+        protocol,
+        record.paper_reward,
+        record.bfcl_reward,
+        rollout.calls,
+        dict(record.reward_reason),
+    )
 
 
 def summarise_outcomes(outcomes: list[Outcome], protocol: str) -> dict:
@@ -248,8 +257,15 @@ def evaluate(
     return report
 
 
-def run_eval(cfg: EvalConfig, model_cfg, model_path, rollout_cfg=None, log_metrics=None,
-             backend=None, on_rollouts=None) -> dict:  # fmt: skip
+def run_eval(
+    cfg: EvalConfig,
+    model_cfg,
+    model_path,
+    rollout_cfg=None,
+    log_metrics=None,
+    backend=None,
+    on_rollouts=None,
+) -> dict:
     """Load a saved policy and evaluate it with the rollout engine (rcgrpo.rollout.engine), at
     cfg.temperature (greedy by default) whatever the rollout section's sampling temperature.
     backend: an rcgrpo.rollout.execution Backend (local or Ray workers; None = one local engine)."""
@@ -262,8 +278,9 @@ def run_eval(cfg: EvalConfig, model_cfg, model_path, rollout_cfg=None, log_metri
     cfg = resolve_protocol(cfg, model_path)
     tasks = eval_tasks(cfg)  # before loading the model: a bad task_file fails at once
     policy = load_policy(model_cfg, adapter_path=model_path)
-    rollout_cfg = replace(rollout_cfg or RolloutConfig(), protocol=cfg.protocol,
-                          temperature=cfg.temperature)  # fmt: skip
+    rollout_cfg = replace(
+        rollout_cfg or RolloutConfig(), protocol=cfg.protocol, temperature=cfg.temperature
+    )
     if backend is None:
         engine = make_engine(rollout_cfg, policy)
     else:

@@ -40,8 +40,11 @@ def accuracy_plot(report: dict, path: Path, checker: str = "bfcl"):
         xs = [j + i * width for j in range(len(labels))]
         ax.bar(xs, vals, width, yerr=[lo, hi], capsize=3, label=f"<|{token}_reward|>")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, fontsize=8)
-    ax.set(ylim=(0, 100), ylabel="accuracy (%)",
-           title=f"held-out accuracy, {checker} checker (Wilson 95%)")  # fmt: skip
+    ax.set(
+        ylim=(0, 100),
+        ylabel="accuracy (%)",
+        title=f"held-out accuracy, {checker} checker (Wilson 95%)",
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

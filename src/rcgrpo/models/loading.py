@@ -8,8 +8,8 @@ LoRA adapters (models/lora.py; the reward-token rows trained too through peft's
 the same input), and gradient checkpointing (on by default for the 7B/8B profiles: recomputing
 each layer in backward keeps one layer's activations instead of all). `save_policy` writes
 adapter (or full weights) + tokenizer; `load_policy(cfg, adapter_path=...)` reloads them.
-`resolve` says what `model.device: auto` and `model.dtype: auto` mean (bfloat16 on CUDA for the
-hub profiles, float32 on the CPU); `finish_policy` is everything after the weights are loaded, for
+What `model.device`, `model.dtype` and `model.attention: auto` mean is rcgrpo.models.device;
+`finish_policy` is everything after the weights are loaded, for
 a caller that builds its own model (scripts/gpu_paper_step.py: a randomly initialised 7B).
 
     .venv/bin/python -c "from rcgrpo.models.loading import *; from rcgrpo.models.profiles import ModelConfig; print(load_policy(ModelConfig()))"
@@ -25,6 +25,7 @@ from typing import Any
 
 from rcgrpo.chat.prompts import PROJECT_TEMPLATE
 from rcgrpo.chat.record import REWARD_TOKENS
+from rcgrpo.models.device import attention_implementation, resolve
 from rcgrpo.models.profiles import POLICY_FILE, PROFILES, ModelConfig
 from rcgrpo.models.sources import base_source, model_config
 from rcgrpo.runtime import replace_dir
@@ -102,31 +103,6 @@ def register_tokens(tokenizer, model, tokens: list[str], also_new: tuple[str, ..
             out.weight[new] = out.weight[:first].mean(0)
 
 
-def attention_implementation(cfg: ModelConfig) -> str:
-    """The attention of the training forwards: model.attention, or for "auto" the device's.
-
-    flash_attention_2 on CUDA with 16-bit weights when the flash-attn package is installed:
-    training forwards then pack each micro-batch into one padding-free row (varlen kernels,
-    rcgrpo.training.forward). Else sdpa: training rows are right-padded and run with no mask
-    (causal kernels, no dense (B, 1, T, T) mask); this is also the CPU's choice. The model is
-    loaded with sdpa either way (the transformers engine decodes with 4D masks, which
-    flash-attention cannot take); the trainers switch to flash for their updates only
-    (rcgrpo.training.forward.training_attention)."""
-    import importlib.util
-
-    import torch
-
-    if cfg.attention != "auto":
-        return cfg.attention
-    cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
-    hub = PROFILES[cfg.profile].source in ("hub", "gguf")
-    dtype = ("bfloat16" if cuda and hub else "float32") if cfg.dtype == "auto" else cfg.dtype
-    half = dtype != "float32"  # flash-attention has no fp32 kernels (auto: as `resolve` picks)
-    if cuda and half and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return "sdpa"
-
-
 # Tokens that end an assistant message, the chat template's own first. Llama 3.1 in its tool
 # ("Environment: ipython") mode ends a tool call with <|eom_id|> (end of message: a tool result
 # follows) instead of <|eot_id|>; without it as a stop token, sampling ran on past the call.
@@ -140,33 +116,6 @@ def stop_tokens(tokenizer) -> tuple[int, tuple[int, ...]]:
     stop = next(t for t in STOP_TOKENS if t in vocab)
     also = tuple(tokenizer.convert_tokens_to_ids(t) for t in ALSO_STOP if t in vocab)
     return tokenizer.convert_tokens_to_ids(stop), also
-
-
-def resolve(cfg: ModelConfig) -> ModelConfig:
-    """cfg with a concrete device and dtype, what `auto` means:
-    device auto -> "cuda" when torch sees a GPU, else "cpu"; a bare "cuda" -> "cuda:<current
-    device>" (under a launcher, rcgrpo.training.distributed.local_device set it from LOCAL_RANK
-    before loading). dtype auto -> bfloat16 on CUDA for the pretrained profiles (hub, GGUF: a 7B
-    model's weights are 15 GB instead of 30, matmuls run on the bf16 tensor cores, vLLM serves
-    bf16; LoRA adapters stay float32, peft's autocast_adapter_dtype), float32 otherwise: on the
-    CPU (bf16 matmuls there are slow, and every CPU test compares float32 numbers) and for the
-    built-here test models (tiny, qwen-shape)."""
-    import torch
-
-    device = cfg.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        device = f"cuda:{torch.cuda.current_device()}"
-    dtype = cfg.dtype
-    if dtype == "auto":
-        hub = PROFILES[cfg.profile].source in ("hub", "gguf")
-        dtype = "bfloat16" if device.startswith("cuda") and hub else "float32"
-    if not isinstance(getattr(torch, dtype, None), torch.dtype):
-        raise ValueError(
-            f"model.dtype {cfg.dtype!r} is not a torch dtype (auto, float32, bfloat16)"
-        )
-    return dataclasses.replace(cfg, device=device, dtype=dtype)
 
 
 def load_policy(cfg: ModelConfig, adapter_path: str | Path | None = None) -> Policy:
@@ -192,10 +141,12 @@ def load_policy(cfg: ModelConfig, adapter_path: str | Path | None = None) -> Pol
         tokenizer = AutoTokenizer.from_pretrained(str(adapter) if adapter else source)
         train_attention = attention_implementation(cfg)
         model = AutoModelForCausalLM.from_pretrained(
-            weights, config=model_config(cfg, weights), dtype=getattr(torch, cfg.dtype),
+            weights,
+            config=model_config(cfg, weights),
+            dtype=getattr(torch, cfg.dtype),
             attn_implementation="sdpa" if "flash" in train_attention else train_attention,
             device_map=device_map,
-        )  # fmt: skip
+        )
         model.training_attention = train_attention  # what the trainers' updates run with
     except OSError as e:
         raise FileNotFoundError(
@@ -208,8 +159,9 @@ def load_policy(cfg: ModelConfig, adapter_path: str | Path | None = None) -> Pol
     return finish_policy(model, tokenizer, cfg, lora_path, reload=adapter is not None)
 
 
-def finish_policy(model, tokenizer, cfg: ModelConfig, lora_path: Path | None = None,
-                  reload: bool = False) -> Policy:  # fmt: skip
+def finish_policy(
+    model, tokenizer, cfg: ModelConfig, lora_path: Path | None = None, reload: bool = False
+) -> Policy:
     """Everything after the weights: the chat template, the reward tokens, gradient
     checkpointing, LoRA (a fresh adapter, or the one saved at lora_path), the device.
     reload: the tokenizer and weights come from a saved policy (its reward tokens already

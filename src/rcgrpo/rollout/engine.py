@@ -110,9 +110,15 @@ class Engine:
 
         def make_loop(i: int, sandbox=None) -> AgentLoop:
             return AgentLoop(
-                tasks[i], self.renderer, protocol, reward_tokens[i], self.cfg.limits,
-                self.policy.compact_docs, replace(provenance), sandbox=sandbox,
-            )  # fmt: skip
+                tasks[i],
+                self.renderer,
+                protocol,
+                reward_tokens[i],
+                self.cfg.limits,
+                self.policy.compact_docs,
+                replace(provenance),
+                sandbox=sandbox,
+            )
 
         before, start = self.counters(), time.perf_counter()
         if self.cfg.scheduler == "lockstep":
@@ -133,8 +139,9 @@ class Engine:
         )
         return results
 
-    def prompt_lengths(self, tasks: Sequence[Task], reward_token: str | None = None,
-                       protocol: str | None = None) -> list[int]:  # fmt: skip
+    def prompt_lengths(
+        self, tasks: Sequence[Task], reward_token: str | None = None, protocol: str | None = None
+    ) -> list[int]:
         """Tokens of each task's first prompt as `rollout` would send it (its reward goal, the
         profile's tool docs): check them against cfg.max_total_tokens before rolling out."""
         from rcgrpo.bfcl.environment import Episode
@@ -153,8 +160,11 @@ class Engine:
     # -- what a rollout cost -----------------------------------------------------------------------
     def counters(self) -> dict[str, float]:
         """Running totals, read before and after a rollout call (`stats` takes the difference)."""
-        return {"prompt": self.prompt_tokens, "prefilled": self.prefilled_tokens,
-                "busy": self.busy.busy}  # fmt: skip
+        return {
+            "prompt": self.prompt_tokens,
+            "prefilled": self.prefilled_tokens,
+            "busy": self.busy.busy,
+        }
 
     def stats(self, before: dict, after: dict, wall: float) -> dict[str, float]:
         """The engine's metrics of one rollout call (names defined in docs/metrics.md)."""

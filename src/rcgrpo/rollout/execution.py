@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rcgrpo.fields import config_class, ranged, setting
+from rcgrpo.rollout.call_stats import merge_stats
 
 
 @config_class
@@ -82,7 +83,7 @@ def make_engine(cfg, policy, device: str | None = None):
 
         from rcgrpo.rollout.colocate import sleep_mode
         from rcgrpo.rollout.vllm_engine import VLLMEngine
-        from rcgrpo.rollout.vllm_server import cuda
+        from rcgrpo.rollout.vllm_venv import cuda
 
         on = sleep_mode(cfg, policy.config.profile, cuda())  # None: on for hub profiles on CUDA
         cfg = dataclasses.replace(cfg, vllm_sleep_mode=on)
@@ -126,24 +127,6 @@ def run_shard(engine, task_ids, tokens, protocol, seed, first_index):
     tasks = [get_task(t) for t in task_ids]
     out = engine.rollout(tasks, list(tokens), protocol, seed, first_index=first_index)
     return out, dict(engine.last_stats)
-
-
-def merge_stats(parts: list[dict]) -> dict:
-    """The engine metrics of a call run as shards: token counts summed, the hit rate over all
-    of them, busy fractions averaged, the most episodes any worker had in flight."""
-    if not parts:
-        return {}
-    sent = sum(p.get("rollout/prompt_tokens", 0.0) for p in parts)
-    prefilled = sum(p.get("rollout/prefill_tokens", 0.0) for p in parts)
-    return {
-        "rollout/prompt_tokens": sent,
-        "rollout/prefill_tokens": prefilled,
-        "rollout/prefix_cache_hit_rate": 1.0 - prefilled / sent if sent else 0.0,
-        "perf/engine_busy_frac": sum(p.get("perf/engine_busy_frac", 0.0) for p in parts)
-        / len(parts),
-        "perf/in_flight_max": max(p.get("perf/in_flight_max", 0.0) for p in parts),
-        "rollout/episode_errors": sum(p.get("rollout/episode_errors", 0.0) for p in parts),
-    }
 
 
 class ShardedEngine:
@@ -252,9 +235,13 @@ class Backend:
                 return RolloutWorker.state(self)
 
         cls = ray.remote(concurrency_groups={"control": 1})(Worker)
-        opts = dict(num_cpus=cfg.cpus_per_worker, num_gpus=cfg.gpus_per_worker,
-                    memory=int(cfg.memory_per_worker_gb * 2**30), max_restarts=cfg.max_retries,
-                    max_task_retries=cfg.max_retries)  # fmt: skip
+        opts = dict(
+            num_cpus=cfg.cpus_per_worker,
+            num_gpus=cfg.gpus_per_worker,
+            memory=int(cfg.memory_per_worker_gb * 2**30),
+            max_restarts=cfg.max_retries,
+            max_task_retries=cfg.max_retries,
+        )
         from rcgrpo.bfcl.sandbox import configured
 
         env = configured()  # the run's `env:` travels with each actor, not in an env var
@@ -270,9 +257,12 @@ class Backend:
         if self.ray is None:
             return {"execution.backend": "local"}
         ctx = self.ray.get_runtime_context()
-        return {"execution.backend": "ray", "ray.job_id": ctx.get_job_id(),
-                "ray.address": self.ray.get_runtime_context().gcs_address,
-                "execution.workers": str(self.cfg.workers)}  # fmt: skip
+        return {
+            "execution.backend": "ray",
+            "ray.job_id": ctx.get_job_id(),
+            "ray.address": self.ray.get_runtime_context().gcs_address,
+            "execution.workers": str(self.cfg.workers),
+        }
 
 
 @contextmanager

@@ -187,8 +187,9 @@ class HFEngine(Engine):
                 part.update(k, v, layer_idx)  # the cached prefix: positions 0..start-1
             ids = torch.tensor([prompts[i][start:] for i in rows], device=device)  # (g, n-start)
             self.prefilled_tokens += ids.numel()
-            out = model(input_ids=ids, **{cache_kwarg(model): part}, use_cache=True,
-                        logits_to_keep=1)  # fmt: skip
+            out = model(
+                input_ids=ids, **{cache_kwarg(model): part}, use_cache=True, logits_to_keep=1
+            )
             index = torch.tensor(rows, device=device)
             for layer, src in zip(cache.layers, part.layers, strict=True):
                 if not layer.is_initialized:  # allocates (B, kv heads, T, head dim) zeros
@@ -208,8 +209,13 @@ class HFEngine(Engine):
         for slot, i in zip(slots.tolist(), rows.tolist(), strict=True):
             fed = int(n_out[i]) - 1
             window = slice(L - len(prompts[i]), L + fed)
-            kv = [(x.keys[slot : slot + 1, :, window].clone(),
-                   x.values[slot : slot + 1, :, window].clone()) for x in cache.layers]  # fmt: skip
+            kv = [
+                (
+                    x.keys[slot : slot + 1, :, window].clone(),
+                    x.values[slot : slot + 1, :, window].clone(),
+                )
+                for x in cache.layers
+            ]
             self.prefixes.put(prompts[i] + toks[i, :fed].tolist(), kv)
 
     def _generate(self, model, prompts, max_new, seeds) -> list[Sample]:
@@ -258,9 +264,13 @@ class HFEngine(Engine):
                 done, lengths, tok = done[keep], lengths[keep], tok[keep]
             mask[:, :, :, L + t] = True
             out = model(
-                input_ids=tok[:, None], attention_mask=mask, position_ids=(lengths + t)[:, None],
-                **{kw: cache}, use_cache=True, logits_to_keep=1,
-            )  # fmt: skip
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=(lengths + t)[:, None],
+                **{kw: cache},
+                use_cache=True,
+                logits_to_keep=1,
+            )
             logits = out.logits[:, -1]  # (b, V)
         self._store(cache, torch.arange(len(rows)), rows, prompts, toks, n_out, L)
         ids, lps, n_out = toks.tolist(), lps.tolist(), n_out.tolist()

@@ -78,7 +78,7 @@ def flash_attn() -> str:
 
 def profile_rows(engine: str) -> list[tuple[str, str, str, str, str]]:
     """(profile, source, device, dtype, attention) as `auto` resolves each here, + the engine."""
-    from rcgrpo.models.loading import attention_implementation, resolve
+    from rcgrpo.models.device import attention_implementation, resolve
     from rcgrpo.models.profiles import PROFILES, ModelConfig
 
     rows = []

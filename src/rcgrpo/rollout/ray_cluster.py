@@ -105,8 +105,13 @@ def connect(cfg, runtime_env: dict):
                 tempfile.TemporaryDirectory(prefix="rcgrpo-ray-", ignore_cleanup_errors=True)
             )
             temp = os.path.join(private, "ray")
-            ray.init(address="local", num_cpus=max(2, cfg.workers), include_dashboard=False,
-                     object_store_memory=OBJECT_STORE_BYTES, runtime_env=runtime_env,
-                     _temp_dir=temp)  # fmt: skip
+            ray.init(
+                address="local",
+                num_cpus=max(2, cfg.workers),
+                include_dashboard=False,
+                object_store_memory=OBJECT_STORE_BYTES,
+                runtime_env=runtime_env,
+                _temp_dir=temp,
+            )
         stack.callback(ray.shutdown)
         yield ray

@@ -57,8 +57,12 @@ def visible_gpus() -> list[str]:
         return []
     if (env := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
         return [d.strip() for d in env.split(",") if d.strip()]
-    out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 

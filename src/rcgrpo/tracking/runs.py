@@ -97,8 +97,9 @@ def configure(root: Path | None = None, experiment: str = EXPERIMENT) -> str:
                 client.set_experiment_tag(exp_id, key, value)
     else:
         location = artifact_root(root) / experiment
-        exp_id = client.create_experiment(experiment, artifact_location=location.as_uri(),
-                                          tags=KIND)  # fmt: skip
+        exp_id = client.create_experiment(
+            experiment, artifact_location=location.as_uri(), tags=KIND
+        )
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
 

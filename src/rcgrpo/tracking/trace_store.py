@@ -57,20 +57,42 @@ class _Builder:
             return [self.text(v) for v in value]
         return value
 
-    def span(self, name, kind, parent, window, inputs=None, outputs=None, attributes=None,
-             error=False, message="") -> bytes:  # fmt: skip
+    def span(
+        self,
+        name,
+        kind,
+        parent,
+        window,
+        inputs=None,
+        outputs=None,
+        attributes=None,
+        error=False,
+        message="",
+    ) -> bytes:
         span_id = secrets.token_bytes(8)
-        attrs = {SpanAttributeKey.REQUEST_ID: self.trace_id, SpanAttributeKey.SPAN_TYPE: kind,
-                 SpanAttributeKey.INPUTS: self.text(inputs), SpanAttributeKey.OUTPUTS:
-                 self.text(outputs), **(attributes or {})}  # fmt: skip
-        self.spans.append({
-            "trace_id": _b64(self.raw_id), "span_id": _b64(span_id),
-            "parent_span_id": _b64(parent) if parent else None, "name": name,
-            "start_time_unix_nano": int(window[0]), "end_time_unix_nano": int(window[1]),
-            "events": [], "status": {"code": "STATUS_CODE_ERROR" if error else "STATUS_CODE_OK",
-                                     "message": message[:1000]},
-            "attributes": {k: json.dumps(v, default=str) for k, v in attrs.items()},
-        })  # fmt: skip
+        attrs = {
+            SpanAttributeKey.REQUEST_ID: self.trace_id,
+            SpanAttributeKey.SPAN_TYPE: kind,
+            SpanAttributeKey.INPUTS: self.text(inputs),
+            SpanAttributeKey.OUTPUTS: self.text(outputs),
+            **(attributes or {}),
+        }
+        self.spans.append(
+            {
+                "trace_id": _b64(self.raw_id),
+                "span_id": _b64(span_id),
+                "parent_span_id": _b64(parent) if parent else None,
+                "name": name,
+                "start_time_unix_nano": int(window[0]),
+                "end_time_unix_nano": int(window[1]),
+                "events": [],
+                "status": {
+                    "code": "STATUS_CODE_ERROR" if error else "STATUS_CODE_OK",
+                    "message": message[:1000],
+                },
+                "attributes": {k: json.dumps(v, default=str) for k, v in attrs.items()},
+            }
+        )
         return span_id
 
 
@@ -82,8 +104,11 @@ def _slices(window: tuple[int, int], n: int) -> list[tuple[int, int]]:
 
 
 def _message_spans(b: _Builder, parent: bytes, message: Message, window) -> None:
-    usage = {"input_tokens": message.context_tokens, "output_tokens": message.tokens,
-             "total_tokens": message.context_tokens + message.tokens}  # fmt: skip
+    usage = {
+        "input_tokens": message.context_tokens,
+        "output_tokens": message.tokens,
+        "total_tokens": message.context_tokens + message.tokens,
+    }
     attributes = {
         "tokens": message.tokens,
         "logprob_sum": message.logprob_sum,
@@ -94,18 +119,40 @@ def _message_spans(b: _Builder, parent: bytes, message: Message, window) -> None
     if message.parse_errors:
         outputs["parse_errors"] = message.parse_errors
     parts = _slices(window, len(message.calls) + 1)  # generation first, then each call
-    span = b.span(f"message {message.index}", "LLM", parent, window, {"messages": message.inputs},
-                  outputs, attributes, error=bool(message.parse_errors))  # fmt: skip
+    span = b.span(
+        f"message {message.index}",
+        "LLM",
+        parent,
+        window,
+        {"messages": message.inputs},
+        outputs,
+        attributes,
+        error=bool(message.parse_errors),
+    )
     for call, part in zip(message.calls, parts[1:], strict=True):
         shown = call.observation is not None
-        b.span(call.name, "TOOL", span, part, {"call": call.call},
-               {"observation": call.observation if shown else None},
-               {"error": call.error, "shown_to_model": shown}, error=call.error)  # fmt: skip
+        b.span(
+            call.name,
+            "TOOL",
+            span,
+            part,
+            {"call": call.call},
+            {"observation": call.observation if shown else None},
+            {"error": call.error, "shown_to_model": shown},
+            error=call.error,
+        )
 
 
-def build_trace(experiment_id: str, run_id: str, rollout, name: str, attributes: dict,
-                tags: dict, window: tuple[int, int],
-                max_chars: int = 4000) -> tuple[TraceInfo, list[Span]]:  # fmt: skip
+def build_trace(
+    experiment_id: str,
+    run_id: str,
+    rollout,
+    name: str,
+    attributes: dict,
+    tags: dict,
+    window: tuple[int, int],
+    max_chars: int = 4000,
+) -> tuple[TraceInfo, list[Span]]:
     """One episode as (TraceInfo, spans): see the module docstring. `name` names the trace
     (its root span), `attributes` go on the root span (any JSON value), `tags` on the trace
     (strings: searchable); window: (start, end) in ns since the epoch."""
@@ -117,39 +164,68 @@ def build_trace(experiment_id: str, run_id: str, rollout, name: str, attributes:
     reasons = record.reward_reason or {}
     prompt = turns[0].user if turns else ""
     inputs = {"task_id": record.task_id, "reward_goal": record.reward_token, "prompt": prompt}
-    outputs = {"reward": record.paper_reward, "reward_bfcl": record.bfcl_reward,
-               "reason": (reasons.get("paper") or {}).get("reason", ""),
-               "reason_bfcl": (reasons.get("bfcl") or {}).get("reason", ""),
-               "stop": reasons.get("stop", rollout.stop_reason), "calls": record.calls}  # fmt: skip
+    outputs = {
+        "reward": record.paper_reward,
+        "reward_bfcl": record.bfcl_reward,
+        "reason": (reasons.get("paper") or {}).get("reason", ""),
+        "reason_bfcl": (reasons.get("bfcl") or {}).get("reason", ""),
+        "stop": reasons.get("stop", rollout.stop_reason),
+        "calls": record.calls,
+    }
     failed = not record.paper_reward  # the trace state shows it: failures stand out in the list
-    root = b.span(name, "AGENT", None, window, inputs, outputs, attributes, failed,
-                  outputs["reason"] if failed else "")  # fmt: skip
+    root = b.span(
+        name,
+        "AGENT",
+        None,
+        window,
+        inputs,
+        outputs,
+        attributes,
+        failed,
+        outputs["reason"] if failed else "",
+    )
     n_messages = sum(len(t.messages) for t in turns)
     parts = iter(_slices(window, n_messages + len(turns)))
     for turn in turns:
         opening = next(parts)  # the turn's user message
         windows = [next(parts) for _ in turn.messages] or [opening]
-        span = b.span(f"turn {turn.index}", "CHAIN", root, (opening[0], windows[-1][1]),
-                      {"user": turn.user}, {"messages": len(turn.messages)})  # fmt: skip
+        span = b.span(
+            f"turn {turn.index}",
+            "CHAIN",
+            root,
+            (opening[0], windows[-1][1]),
+            {"user": turn.user},
+            {"messages": len(turn.messages)},
+        )
         for message, part in zip(turn.messages, windows, strict=False):
             _message_spans(b, span, message, part)
-    metadata = {TraceMetadataKey.SOURCE_RUN: run_id, "mlflow.trace_schema.version": "3",
-                TraceMetadataKey.INPUTS: json.dumps(b.text(inputs))[:8000],
-                TraceMetadataKey.OUTPUTS: json.dumps(b.text(outputs), default=str)[:8000]}  # fmt: skip
+    metadata = {
+        TraceMetadataKey.SOURCE_RUN: run_id,
+        "mlflow.trace_schema.version": "3",
+        TraceMetadataKey.INPUTS: json.dumps(b.text(inputs))[:8000],
+        TraceMetadataKey.OUTPUTS: json.dumps(b.text(outputs), default=str)[:8000],
+    }
     info = TraceInfo(
-        trace_id=trace_id, trace_location=TraceLocation.from_experiment_id(experiment_id),
-        request_time=window[0] // 1_000_000, execution_duration=(window[1] - window[0]) // 1_000_000,
-        state=TraceState.ERROR if failed else TraceState.OK, request_preview=clip(prompt, 1000),
+        trace_id=trace_id,
+        trace_location=TraceLocation.from_experiment_id(experiment_id),
+        request_time=window[0] // 1_000_000,
+        execution_duration=(window[1] - window[0]) // 1_000_000,
+        state=TraceState.ERROR if failed else TraceState.OK,
+        request_preview=clip(prompt, 1000),
         response_preview=f"reward {record.paper_reward}: {outputs['reason'] or 'passed'}"[:1000],
         trace_metadata=metadata,
-        tags={TraceTagKey.TRACE_NAME: name, "mlflow.trace.spansLocation": "TRACKING_STORE",
-              **{k: str(v)[:250] for k, v in tags.items()}},
-    )  # fmt: skip
+        tags={
+            TraceTagKey.TRACE_NAME: name,
+            "mlflow.trace.spansLocation": "TRACKING_STORE",
+            **{k: str(v)[:250] for k, v in tags.items()},
+        },
+    )
     return info, [Span.from_dict(s) for s in b.spans]
 
 
-def write_traces(experiment_id: str, run_id: str, episodes: list[tuple],
-                 max_chars: int = 4000) -> list[str]:  # fmt: skip
+def write_traces(
+    experiment_id: str, run_id: str, episodes: list[tuple], max_chars: int = 4000
+) -> list[str]:
     """Store one trace per (rollout, name, attributes, tags, (start_ns, end_ns)); returns the
     trace ids. One `start_trace` per trace, then every span of the batch in one `log_spans`."""
     client = TracingClient()

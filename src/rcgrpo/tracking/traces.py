@@ -78,15 +78,22 @@ def _common(rollout, goal: str) -> tuple[dict, dict]:
     record = rollout.trajectory
     reasons = record.reward_reason or {}
     attributes = {
-        "task_id": record.task_id, "category": record.category, "goal": goal,
-        "reward": record.paper_reward, "reward_bfcl": record.bfcl_reward,
+        "task_id": record.task_id,
+        "category": record.category,
+        "goal": goal,
+        "reward": record.paper_reward,
+        "reward_bfcl": record.bfcl_reward,
         "reason": (reasons.get("paper") or {}).get("reason", ""),
         "failing_turn": (reasons.get("paper") or {}).get("failing_turn"),
-        "stop_reason": rollout.stop_reason, "protocol": record.protocol,
-        "sampled_tokens": sum(rollout.mask), "episode_tokens": len(rollout.mask),
-    }  # fmt: skip
-    tags = {k: attributes[k] for k in ("task_id", "category", "goal", "reward", "reward_bfcl",
-                                       "protocol")}  # fmt: skip
+        "stop_reason": rollout.stop_reason,
+        "protocol": record.protocol,
+        "sampled_tokens": sum(rollout.mask),
+        "episode_tokens": len(rollout.mask),
+    }
+    tags = {
+        k: attributes[k]
+        for k in ("task_id", "category", "goal", "reward", "reward_bfcl", "protocol")
+    }
     tags["outcome"] = "success" if record.paper_reward else "failure"
     return attributes, tags
 
@@ -114,14 +121,16 @@ class EpisodeTracer:
         if not episodes:
             return
         t0 = time.perf_counter()
-        episodes = [(r, n, {**self.base, **a}, {**self.base, **t}, w)
-                    for r, n, a, t, w in episodes]  # fmt: skip
+        episodes = [(r, n, {**self.base, **a}, {**self.base, **t}, w) for r, n, a, t, w in episodes]
         try:
             ids = write_traces(self.experiment_id, self.run_id, episodes, self.cfg.max_chars)
         except Exception as e:  # noqa: BLE001 - telemetry must not end a training run
             self.failed += len(episodes)
-            warnings.warn(f"{len(episodes)} episode traces of run {self.run_id} not written: "
-                          f"{type(e).__name__}: {e}", stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"{len(episodes)} episode traces of run {self.run_id} not written: "
+                f"{type(e).__name__}: {e}",
+                stacklevel=2,
+            )
         else:
             tags = [{k: str(v) for k, v in e[3].items()} for e in episodes]
             self.written += [{"trace_id": i, **t} for i, t in zip(ids, tags, strict=True)]
@@ -129,8 +138,11 @@ class EpisodeTracer:
 
     def metrics(self) -> dict:
         """`traces/episodes`, `traces/failed` and `perf/trace_s` (docs/metrics.md)."""
-        return {"traces/episodes": len(self.written), "traces/failed": self.failed,
-                "perf/trace_s": self.seconds}  # fmt: skip
+        return {
+            "traces/episodes": len(self.written),
+            "traces/failed": self.failed,
+            "perf/trace_s": self.seconds,
+        }
 
 
 def rl_hook(tracer: EpisodeTracer, steps: int, group_size: int) -> Callable[[int, object], None]:
@@ -162,8 +174,11 @@ def rl_hook(tracer: EpisodeTracer, steps: int, group_size: int) -> Callable[[int
                 "group": i // group_size,
             }
             tags.update(extra)
-            attributes.update(extra, advantage=float(out.advantages[i]),
-                              training_reward=float(out.rewards.flatten()[i]))  # fmt: skip
+            attributes.update(
+                extra,
+                advantage=float(out.advantages[i]),
+                training_reward=float(out.rewards.flatten()[i]),
+            )
             name = f"rl step {step} {attributes['task_id']}"
             episodes.append((rollout, name, attributes, tags, window))
         tracer.write(episodes)
@@ -213,5 +228,10 @@ def find_traces(run_id: str | None = None, experiment_id: str | None = None, **t
     if experiment_id is None:
         experiment_id = MlflowClient().get_run(run_id).info.experiment_id
     where = " AND ".join(f"tags.{k} = '{v}'" for k, v in tags.items())
-    return mlflow.search_traces(locations=[experiment_id], run_id=run_id, return_type="list",
-                                filter_string=where or None, max_results=10_000)  # fmt: skip
+    return mlflow.search_traces(
+        locations=[experiment_id],
+        run_id=run_id,
+        return_type="list",
+        filter_string=where or None,
+        max_results=10_000,
+    )

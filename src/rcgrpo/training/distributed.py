@@ -63,8 +63,9 @@ MIN_TIMEOUT_S = 1800.0  # the process-group timeout is never shorter (30 min)
 DECODE_STEPS_PER_S_FLOOR = 10.0  # a slow GPU's decode steps per second (7B, 64 rows, long K/V)
 
 
-def for_training(model: torch.nn.Module, optimizer, params: list,
-                 timeout_s: float = MIN_TIMEOUT_S) -> Ranks | Single:  # fmt: skip
+def for_training(
+    model: torch.nn.Module, optimizer, params: list, timeout_s: float = MIN_TIMEOUT_S
+) -> Ranks | Single:
     """The ranks of this training loop: `Ranks` under `accelerate launch` / torchrun (with a
     process-group timeout of timeout_s), else `Single`."""
     return Ranks(model, optimizer, timeout_s) if launched() else Single(model, params)

@@ -8,7 +8,7 @@ takes about half the time, and on a 7B model (V = 152k) it avoids a (B, T, V) fl
 GBs. Values equal the full forward's (same modules, same order), checked in tests/test_sft.py.
 
 How a right-padded micro-batch (B, T) reaches the decoder depends on the model's attention
-implementation (chosen per device at load, rcgrpo.models.loading.attention_implementation, and
+implementation (chosen per device at load, rcgrpo.models.device.attention_implementation, and
 switched on for the updates by `training_attention`):
 * flash-attention (`packs(model)`): packed, padding-free. The B sequences are concatenated into
   one row (1, L) with position ids restarting at 0 for each; transformers then calls

@@ -15,8 +15,15 @@ from rcgrpo.training.grpo.core_algos import group_reward_stats
 from rcgrpo.training.grpo.rollouts import StepRollouts
 
 
-def step_metrics(cfg: RLConfig, step: StepRollouts, mask, gap, updates: list[dict], lr: float,
-                 step_seconds: float) -> dict:  # fmt: skip
+def step_metrics(
+    cfg: RLConfig,
+    step: StepRollouts,
+    mask,
+    gap,
+    updates: list[dict],
+    lr: float,
+    step_seconds: float,
+) -> dict:
     """mask (B, T-1): the sampled tokens; gap: summed |engine - trainer| log-prob over them;
     updates: the stats of each optimizer step (update.ppo_updates)."""
     rewards, adv, G = step.rewards, step.advantages, cfg.group_size

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from rcgrpo.chat.record import HIGH, LOW
-from rcgrpo.rollout.execution import merge_stats
+from rcgrpo.rollout.call_stats import merge_stats
 from rcgrpo.training.grpo.config import RLConfig, step_seed
 from rcgrpo.training.grpo.core_algos import group_advantages, sample_reward_tokens
 from rcgrpo.training.grpo.overlong import apply_overlong
@@ -100,15 +100,21 @@ def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -
     start, end = (i * G for i in ranks.group_share(len(tasks)))
     mine = []
     if end > start:  # a rank with no group (more ranks than groups) only gathers
-        mine = engine.rollout(flat_tasks[start:end], tokens[start:end], cfg.protocol,
-                              step_seed(cfg.seed, step), first_index=start)  # fmt: skip
-    scored = [(Sampled.of(r), score_fn(t, r)) for t, r in zip(flat_tasks[start:end], mine,
-                                                              strict=True)]  # fmt: skip
+        mine = engine.rollout(
+            flat_tasks[start:end],
+            tokens[start:end],
+            cfg.protocol,
+            step_seed(cfg.seed, step),
+            first_index=start,
+        )
+    scored = [
+        (Sampled.of(r), score_fn(t, r)) for t, r in zip(flat_tasks[start:end], mine, strict=True)
+    ]
     stats = dict(getattr(engine, "last_stats", None) or {}) if mine else {}
     parts = ranks.gather((scored, stats))
     gathered = [x for part, _ in parts for x in part]  # rank order = batch order
     # the whole step's engine metrics: token counts summed over the ranks' engines, the hit
-    # rate over all their prompts (rcgrpo.rollout.execution.merge_stats, as over Ray shards)
+    # rate over all their prompts (rcgrpo.rollout.call_stats.merge_stats, as over Ray shards)
     engine_metrics = merge_stats([st for _, st in parts if st])
     seconds = time.perf_counter() - t0
     rollouts = [r for r, _ in gathered]
@@ -118,8 +124,19 @@ def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -
     # rl.overlong shapes the training reward only: `rewards` (reward/* metrics) stay the checker's
     shaped, rollouts = shape_overlong(rewards, rollouts, cfg, engine)
     adv = group_advantages(shaped, cfg.advantage).flatten()  # (B,)
-    return StepRollouts(tasks, tokens, rollouts, scores, rewards, adv, seconds, len(mine),
-                        engine_metrics, records=mine, first=start)  # fmt: skip
+    return StepRollouts(
+        tasks,
+        tokens,
+        rollouts,
+        scores,
+        rewards,
+        adv,
+        seconds,
+        len(mine),
+        engine_metrics,
+        records=mine,
+        first=start,
+    )
 
 
 def shape_overlong(rewards, rollouts: list, cfg: RLConfig, engine) -> tuple:

@@ -110,8 +110,15 @@ def run_rl(
 
         spec = RolloutSpec(model_cfg, str(start), rollout_cfg)
         engine = backend.engine(policy, spec, group=cfg.group_size, local_engine=engine)
-    trainer = Trainer(policy, engine, tasks, cfg, log_metrics, temperature=rollout_cfg.temperature,
-                      on_rollouts=on_rollouts)  # fmt: skip
+    trainer = Trainer(
+        policy,
+        engine,
+        tasks,
+        cfg,
+        log_metrics,
+        temperature=rollout_cfg.temperature,
+        on_rollouts=on_rollouts,
+    )
     trainer.out.mkdir(parents=True, exist_ok=True)
     (trainer.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
     (trainer.out / "tasks.json").write_text(json.dumps([t.id for t in tasks], indent=1))
@@ -119,8 +126,13 @@ def run_rl(
         trainer.train(resume=resume)
     if not distributed.is_main():  # under `accelerate launch` rank 0 saves (same weights)
         return trainer.out / "final"
-    training = {"stage": "rl", "protocol": cfg.protocol, "init": cfg.init,
-                "conditioning": cfg.conditioning, "p_high": cfg.p_high}  # fmt: skip
+    training = {
+        "stage": "rl",
+        "protocol": cfg.protocol,
+        "init": cfg.init,
+        "conditioning": cfg.conditioning,
+        "p_high": cfg.p_high,
+    }
     final = save_policy(policy, trainer.out / "final", training)
     write_summary(trainer.out)
     if log_artifact is not None:

@@ -160,9 +160,15 @@ class Trainer:
         lengths = [len(r.ids) for r in out.rollouts]
         packed = packs(self.model)  # flash-attention: micro-batches are padding-free rows
         passes = minibatch_indices(
-            len(out.rollouts), cfg.mini_batch_size, cfg.micro_batch_size, cfg.inner_epochs,
-            shuffle, lengths, cfg.max_tokens_per_micro_batch, packed,
-        )  # fmt: skip
+            len(out.rollouts),
+            cfg.mini_batch_size,
+            cfg.micro_batch_size,
+            cfg.inner_epochs,
+            shuffle,
+            lengths,
+            cfg.max_tokens_per_micro_batch,
+            packed,
+        )
         use_ref = (self.ref_model is not None or self.ref_adapter is not None) and cfg.kl_coef > 0
         # pi_old and the reference sharded like the update: this rank's micro-batches of the
         # first pass (the same forwards as its first update: ratio exactly 1), then summed
@@ -182,9 +188,17 @@ class Trainer:
         self.rolled_out.append(out.own)
         lr = self.scheduler.get_last_lr()[0]  # one lr per RL step: warmup counts RL steps
         self.updates = update.ppo_updates(  # per optimizer step, for inspection
-            self.model, self.optimizer, self.ranks, batch, old, ref, out.advantages, passes, cfg,
+            self.model,
+            self.optimizer,
+            self.ranks,
+            batch,
+            old,
+            ref,
+            out.advantages,
+            passes,
+            cfg,
             self._logprobs,
-        )  # fmt: skip
+        )
         self.scheduler.step()
         self.engine.sync(self.policy)
         metrics = step_metrics(

@@ -87,8 +87,9 @@ def logprobs(model, ids, attn, mask, temperature: float = 1.0):
 
 @with_training_attention  # flash-attention where chosen; the engines keep the loaded one
 @torch.no_grad()
-def behaviour_logprobs(model, batch: Batch, micro_batches, logprob_fn, temperature: float,
-                       ref_fn=None):  # fmt: skip
+def behaviour_logprobs(
+    model, batch: Batch, micro_batches, logprob_fn, temperature: float, ref_fn=None
+):
     """pi_old (B, T-1), the reference's (B, T-1) or None, and the summed |engine - trainer|
     log-prob gap over sampled tokens, over `micro_batches` (index tensors), in eval mode.
     logprob_fn(model, ids, attn, mask) -> `logprobs` at the sampling temperature;
@@ -113,8 +114,9 @@ def behaviour_logprobs(model, batch: Batch, micro_batches, logprob_fn, temperatu
 
 
 @with_training_attention  # over forwards and backwards (checkpointed layers recompute)
-def ppo_updates(model, optimizer, ranks, batch: Batch, old, ref, adv, passes, cfg: RLConfig,
-                logprob_fn) -> list[dict[str, float]]:  # fmt: skip
+def ppo_updates(
+    model, optimizer, ranks, batch: Batch, old, ref, adv, passes, cfg: RLConfig, logprob_fn
+) -> list[dict[str, float]]:
     """Every mini-batch of every pass: clipped loss + KL, accumulated over its micro-batches,
     one optimizer step. Returns the stats of each optimizer step (token- or sequence-weighted
     means over the mini-batch, summed over ranks) with its grad_norm. logprob_fn(model, ids,

@@ -25,16 +25,36 @@ class GPU:
 
 
 GPUS = {
-    "h100": GPU("H100 SXM 80 GB", 80, 989e12, 3.35e12,
-                "NVIDIA H100 datasheet: BF16 1,979 TFLOP/s with sparsity (989 dense), HBM3 3.35 TB/s"),
-    "h200": GPU("H200 141 GB", 141, 989e12, 4.8e12,
-                "NVIDIA H200 datasheet (989 TFLOP/s dense BF16, 4.8 TB/s); this workplace's H200 "
-                "measured 788 TFLOP/s on an 8k bf16 matmul and 4.3 TB/s copying (2026-10-28)"),
-    "a100": GPU("A100 SXM 80 GB", 80, 312e12, 2.039e12,
-                "NVIDIA A100 datasheet: BF16 312 TFLOP/s dense, HBM2e 2,039 GB/s"),
-    "l4": GPU("L4 24 GB", 24, 121e12, 0.3e12,
-              "NVIDIA L4 datasheet: BF16 242 TFLOP/s with sparsity (121 dense), GDDR6 300 GB/s"),
-}  # fmt: skip
+    "h100": GPU(
+        "H100 SXM 80 GB",
+        80,
+        989e12,
+        3.35e12,
+        "NVIDIA H100 datasheet: BF16 1,979 TFLOP/s with sparsity (989 dense), HBM3 3.35 TB/s",
+    ),
+    "h200": GPU(
+        "H200 141 GB",
+        141,
+        989e12,
+        4.8e12,
+        "NVIDIA H200 datasheet (989 TFLOP/s dense BF16, 4.8 TB/s); this workplace's H200 "
+        "measured 788 TFLOP/s on an 8k bf16 matmul and 4.3 TB/s copying (2026-10-28)",
+    ),
+    "a100": GPU(
+        "A100 SXM 80 GB",
+        80,
+        312e12,
+        2.039e12,
+        "NVIDIA A100 datasheet: BF16 312 TFLOP/s dense, HBM2e 2,039 GB/s",
+    ),
+    "l4": GPU(
+        "L4 24 GB",
+        24,
+        121e12,
+        0.3e12,
+        "NVIDIA L4 datasheet: BF16 242 TFLOP/s with sparsity (121 dense), GDDR6 300 GB/s",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -71,16 +91,31 @@ class Arch:
     def lora_params(self, r: int, targets: tuple[str, ...]) -> int:
         """LoRA A and B of rank r on the named projections: r x (in + out) each, per layer."""
         d, i, q, kv = self.hidden, self.intermediate, self.q_dim, self.kv_dim
-        shapes = {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
-                  "gate_proj": (d, i), "up_proj": (d, i), "down_proj": (i, d)}  # fmt: skip
+        shapes = {
+            "q_proj": (d, q),
+            "k_proj": (d, kv),
+            "v_proj": (d, kv),
+            "o_proj": (q, d),
+            "gate_proj": (d, i),
+            "up_proj": (d, i),
+            "down_proj": (i, d),
+        }
         return self.layers * sum(r * sum(shapes[t]) for t in targets if t in shapes)
 
 
 def _cpu_arch(arch: dict, vocab: int, source: str) -> Arch:
     heads = arch["num_attention_heads"]
-    return Arch(arch["num_hidden_layers"], arch["hidden_size"], arch["intermediate_size"], heads,
-                arch["num_key_value_heads"], arch["hidden_size"] // heads, vocab,
-                arch["tie_word_embeddings"], source)  # fmt: skip
+    return Arch(
+        arch["num_hidden_layers"],
+        arch["hidden_size"],
+        arch["intermediate_size"],
+        heads,
+        arch["num_key_value_heads"],
+        arch["hidden_size"] // heads,
+        vocab,
+        arch["tie_word_embeddings"],
+        source,
+    )
 
 
 def architecture(profile: str) -> Arch:
@@ -100,14 +135,34 @@ def architecture(profile: str) -> Arch:
 
 
 ARCHS = {
-    "qwen2.5-7b-instruct": Arch(28, 3584, 18944, 28, 4, 128, 152064, False,
-                                "Qwen/Qwen2.5-7B-Instruct config.json"),
-    "llama-3.1-8b-instruct": Arch(32, 4096, 14336, 32, 8, 128, 128256, False,
-                                  "meta-llama/Llama-3.1-8B-Instruct config.json",
-                                  qkv_bias=False),
-    "smollm2-135m": Arch(30, 576, 1536, 9, 3, 64, 49152, True,
-                         "HuggingFaceTB/SmolLM2-135M-Instruct config.json", qkv_bias=False),
-}  # fmt: skip
+    "qwen2.5-7b-instruct": Arch(
+        28, 3584, 18944, 28, 4, 128, 152064, False, "Qwen/Qwen2.5-7B-Instruct config.json"
+    ),
+    "llama-3.1-8b-instruct": Arch(
+        32,
+        4096,
+        14336,
+        32,
+        8,
+        128,
+        128256,
+        False,
+        "meta-llama/Llama-3.1-8B-Instruct config.json",
+        qkv_bias=False,
+    ),
+    "smollm2-135m": Arch(
+        30,
+        576,
+        1536,
+        9,
+        3,
+        64,
+        49152,
+        True,
+        "HuggingFaceTB/SmolLM2-135M-Instruct config.json",
+        qkv_bias=False,
+    ),
+}
 
 
 # --- the memory model -------------------------------------------------------------------------

@@ -31,7 +31,7 @@ PROFILES = ("qwen-shape", "tiny", "qwen2.5-7b-instruct", "llama-3.1-8b-instruct"
 
 
 def cuda_dtype(profile: str) -> str:
-    """What `model.dtype: auto` resolves to on CUDA (rcgrpo.models.loading.resolve)."""
+    """What `model.dtype: auto` resolves to on CUDA (rcgrpo.models.device.resolve)."""
     from rcgrpo.models.profiles import PROFILES as ALL
 
     return "bfloat16" if ALL[profile].source in ("hub", "gguf") else "float32"

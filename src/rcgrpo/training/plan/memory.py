@@ -114,11 +114,21 @@ def static_terms(arch: Arch, b: int, lora_params: int, gpus: int, reference: boo
     trainable = lora_params or p
     if lora_params:
         rows = 2 * arch.hidden  # the two reward-token embedding rows (trainable_token_indices)
-        out.append(Term("LoRA + AdamW (fp32 weights, grads, m, v)", (lora_params + rows) * 16,
-                        f"{count(lora_params + rows)} x 16 B"))  # fmt: skip
+        out.append(
+            Term(
+                "LoRA + AdamW (fp32 weights, grads, m, v)",
+                (lora_params + rows) * 16,
+                f"{count(lora_params + rows)} x 16 B",
+            )
+        )
         if reference:
-            out.append(Term("reference: frozen copy of the starting adapter", lora_params * 4,
-                            f"{count(lora_params)} x 4 B"))  # fmt: skip
+            out.append(
+                Term(
+                    "reference: frozen copy of the starting adapter",
+                    lora_params * 4,
+                    f"{count(lora_params)} x 4 B",
+                )
+            )
     else:
         out.append(Term("grads + AdamW m, v (fp32)", p * (b + 8), f"{count(p)} x {b + 8} B"))
         if reference:

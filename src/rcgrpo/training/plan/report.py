@@ -3,7 +3,7 @@
 `make_plan(...)` turns the resolved sections (model, rollout, rl and the fine-tuning stage)
 into phases of terms (rcgrpo.training.plan.memory) and a time estimate
 (rcgrpo.training.plan.timing); `check(plan)` raises NoFit with one line saying what to change;
-`render(plan)` is the text the command prints, every constant listed with its source.
+its text is rcgrpo.training.plan.render.
 
 Layout assumed: one training process per GPU (data parallel, `accelerate launch`), each with
 its own rollout engine on the same GPU (the vLLM server reserves rollout.vllm_gpu_memory_
@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rcgrpo.training.batching import pad_frac
 from rcgrpo.training.plan import constants as C
 from rcgrpo.training.plan import memory as M
 from rcgrpo.training.plan import timing as T
+from rcgrpo.training.plan.render import step_time
 
 
 @dataclass
@@ -56,8 +56,18 @@ def _idle(arch, b, lora_params, gpus, reference):
     return terms + M.process_terms(M.total(terms), gpus)
 
 
-def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb: float,
-              share: float = C.SAMPLED_SHARE, mfu: float = C.MFU) -> Plan:  # fmt: skip
+def make_plan(
+    model,
+    rollout,
+    rl,
+    sft,
+    stage: str,
+    gpus: int,
+    gpu: C.GPU,
+    gpu_gb: float,
+    share: float = C.SAMPLED_SHARE,
+    mfu: float = C.MFU,
+) -> Plan:
     """model/rollout/rl/sft: the resolved ModelConfig, RolloutConfig, RLConfig and the SFTConfig
     of the fine-tuning `stage` ("rctp" | "sft")."""
     from rcgrpo.models.profiles import LORA_TARGETS, PROFILES
@@ -81,26 +91,37 @@ def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb
         if lora and dtype != "float32"
         else f"{dtype} compute"
     )
-    plan = Plan([
-        f"{model.profile}: {arch.params() / 1e9:.2f}B params ({arch.source}), {dtype}, "
-        + (f"LoRA r={model.lora_r} ({lora_params / 1e6:.1f}M)" if lora else "full fine-tune")
-        + f", gradient checkpointing {'on' if ckpt else 'off'}, attention {model.attention}",
-        f"{compute}; per layer and token (measured by `{COMMAND}`, {recorded()['date']}): "
-        f"saved {layer.saved / 1e3:.1f} kB, forward + backward peak {layer.peak / 1e3:.1f} kB",
-        f"{gpus} x {gpu.name} at {gpu_gb:g} GB = {room / C.GB:.1f} GB physical ({gpu.source})",
-        f"one training process per GPU, each with its own {rollout.engine} rollout engine",
-    ], room)  # fmt: skip
+    plan = Plan(
+        [
+            f"{model.profile}: {arch.params() / 1e9:.2f}B params ({arch.source}), {dtype}, "
+            + (f"LoRA r={model.lora_r} ({lora_params / 1e6:.1f}M)" if lora else "full fine-tune")
+            + f", gradient checkpointing {'on' if ckpt else 'off'}, attention {model.attention}",
+            f"{compute}; per layer and token (measured by `{COMMAND}`, {recorded()['date']}): "
+            f"saved {layer.saved / 1e3:.1f} kB, forward + backward peak {layer.peak / 1e3:.1f} kB",
+            f"{gpus} x {gpu.name} at {gpu_gb:g} GB = {room / C.GB:.1f} GB physical ({gpu.source})",
+            f"one training process per GPU, each with its own {rollout.engine} rollout engine",
+        ],
+        room,
+    )
     usable = room * (1 - C.HEADROOM)
 
     # fine-tuning: the whole GPU, no engine
     ft_len = sft.max_len or profile.sft_max_len
-    ft_tok = max(sft.max_tokens_per_micro_batch, ft_len) if sft.max_tokens_per_micro_batch else (
-        sft.micro_batch_size * ft_len)  # fmt: skip
+    ft_tok = (
+        max(sft.max_tokens_per_micro_batch, ft_len)
+        if sft.max_tokens_per_micro_batch
+        else (sft.micro_batch_size * ft_len)
+    )
     ft = _trainer(arch, b, lora_params, gpus, False, ft_tok, math.ceil(share * ft_tok), ckpt, layer)
     ft_problems: list[str] = []
-    plan.phases.append(Phase(f"{stage} update: micro-batch of {ft_tok:,} tokens "
-                             f"({stage}.max_tokens_per_micro_batch {sft.max_tokens_per_micro_batch:,}, "
-                             f"longest example {ft_len:,})", ft))  # fmt: skip
+    plan.phases.append(
+        Phase(
+            f"{stage} update: micro-batch of {ft_tok:,} tokens "
+            f"({stage}.max_tokens_per_micro_batch {sft.max_tokens_per_micro_batch:,}, "
+            f"longest example {ft_len:,})",
+            ft,
+        )
+    )
     idle = _idle(arch, b, lora_params, gpus, True)
     if M.total(ft) > usable:
         fit = M.largest_tokens(arch, b, ckpt, share, usable - M.total(idle), layer)
@@ -158,11 +179,17 @@ def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb
         kv = M.kv_bytes_per_token(arch, b)
         held = math.ceil(episodes / gpus) * mean * kv + rollout.max_batch * longest * kv
         roll = M.static_terms(arch, b, lora_params, gpus, ref) + [
-            M.Term("KV of every in-flight episode (prefix store)", math.ceil(episodes / gpus)
-                   * mean * kv, f"{math.ceil(episodes / gpus)} episodes x {mean:,.0f} tok x "
-                   f"{kv / 1e3:.0f} kB"),
-            M.Term("generate's static cache", rollout.max_batch * longest * kv,
-                   f"{rollout.max_batch} rows x {longest:,} tok x {kv / 1e3:.0f} kB")]  # fmt: skip
+            M.Term(
+                "KV of every in-flight episode (prefix store)",
+                math.ceil(episodes / gpus) * mean * kv,
+                f"{math.ceil(episodes / gpus)} episodes x {mean:,.0f} tok x {kv / 1e3:.0f} kB",
+            ),
+            M.Term(
+                "generate's static cache",
+                rollout.max_batch * longest * kv,
+                f"{rollout.max_batch} rows x {longest:,} tok x {kv / 1e3:.0f} kB",
+            ),
+        ]
         plan.phases.append(Phase("rl rollouts (transformers engine)", roll))
         plan.phases.append(Phase(f"rl update: {title}", upd))
         if M.total(roll) > usable:
@@ -175,11 +202,17 @@ def make_plan(model, rollout, rl, sft, stage: str, gpus: int, gpu: C.GPU, gpu_gb
         fit = M.largest_tokens(
             arch, b, ckpt, share, usable - M.total(idle) - M.total(beside), layer
         )
-        plan.problems.append(f"rl: a {rl_tok:,}-token micro-batch needs {need / C.GB:.0f} GB "
-                             f"per GPU with what stays beside it, {usable / C.GB:.1f} GB usable "
-                             f"({C.HEADROOM:.0%} headroom): "
-                             + _lower("rl.max_tokens_per_micro_batch",
-                                      "rollout.max_total_tokens + max_new_tokens", longest, fit))  # fmt: skip
+        plan.problems.append(
+            f"rl: a {rl_tok:,}-token micro-batch needs {need / C.GB:.0f} GB "
+            f"per GPU with what stays beside it, {usable / C.GB:.1f} GB usable "
+            f"({C.HEADROOM:.0%} headroom): "
+            + _lower(
+                "rl.max_tokens_per_micro_batch",
+                "rollout.max_total_tokens + max_new_tokens",
+                longest,
+                fit,
+            )
+        )
     plan.problems += ft_problems  # after RL's: RL sets the memory of the run
     if problem := budget_problem(model, rollout):  # first: it fails the run's first stage
         plan.problems.insert(0, problem)
@@ -198,37 +231,6 @@ def _lower(budget: str, cap: str, longest: int, fit: int) -> str:
             f"{fit:,} tokens, or use GPUs with more memory"
         )
     return f"set {budget} <= {fit:,}"
-
-
-def step_time(arch, b, rl, rollout, gpus, gpu, kv_tok, lora, ckpt, mfu) -> list[str]:
-    """The RL step's time lines: rollouts lock-step and async, update, sync, tokens/s/GPU."""
-    groups = T.draw_step(T.episode_shapes(), rl.tasks_per_step, rl.group_size, seed=0)
-    args = dict(arch=arch, b=b, gpu=gpu, kv_tokens=kv_tok, max_seqs=rollout.vllm_max_num_seqs)
-    lock = T.rollout_seconds(groups, gpus, args, lock_step=True)
-    free = T.rollout_seconds(groups, gpus, args, lock_step=False)
-    lengths = [sum(p + s for p, s in ep) for g in groups for ep in g]
-    micro = T.step_micro_batches(lengths, rl.max_tokens_per_micro_batch, rl.micro_batch_size,
-                                 rl.mini_batch_size, packed=False)  # fmt: skip
-    flops = T.update_flops(arch, lengths, micro, False, rl.inner_epochs, rl.kl_coef > 0, ckpt, lora)
-    update = flops / (gpus * gpu.bf16_flops * mfu)
-    pad = pad_frac(lengths, micro)
-    tokens = sum(lengths)
-    lines = [
-        f"rl step: {rl.tasks_per_step} tasks x G {rl.group_size} = {len(lengths):,} episodes, "
-        f"{tokens / 1e6:.1f}M tokens (replayed ground-truth shapes), "
-        f"{math.ceil(len(groups) / gpus)} groups per rank",
-        f"  rollouts, scheduler lockstep             {lock:8.0f} s",
-        f"  rollouts, scheduler async (the default)  {free:8.0f} s   async/lock-step: {lock / free:.2f}x",
-        f"  update: {flops / 1e15:,.0f} PFLOP at MFU {mfu:.2f} on {gpus} GPUs      {update:8.0f} s"
-        f"   ({len(micro)} micro-batches a pass, pad_frac {pad:.3f}, padded rows)",
-        f"  weight sync                              {C.SYNC_S:8.0f} s",
-    ]  # fmt: skip
-    for name, roll in (("lock-step", lock), ("async", free)):
-        step = roll + update + C.SYNC_S
-        lines.append(f"  step ({name}): {step:,.0f} s = {step / 3600:.2f} h; {rl.steps} steps "
-                     f"{rl.steps * step / 3600:,.0f} h; {tokens / step / gpus:,.0f} tokens/s/GPU")  # fmt: skip
-    lines.append(f"  peer: {C.PEER[0]}: {C.PEER[1]:,.0f} tokens/s/GPU")
-    return lines
 
 
 def budget_problem(model, rollout) -> str | None:
@@ -255,43 +257,3 @@ def check(plan: Plan) -> None:
     """Raise NoFit with the most binding thing to change."""
     if plan.problems:
         raise M.NoFit(plan.problems[0])
-
-
-CONSTANTS = [
-    ("sampled share of a micro-batch", lambda: f"{C.SAMPLED_SHARE:.3f}", C.SAMPLED_SOURCE),
-    ("logits bytes per (position, row)", lambda: f"{C.LOGITS_BYTES}", C.LOGITS_SOURCE),
-    ("physical bytes per marketed GB", lambda: f"{C.PHYSICAL_PER_GB / C.GB:.3f} GB", C.PHYSICAL_SOURCE),
-    ("headroom kept in every phase", lambda: f"{C.HEADROOM:.0%}", "vLLM alone keeps 10 %"),
-    ("CUDA context per process", lambda: f"{C.CUDA_CONTEXT_GB} GB", "assumed"),
-    ("vLLM context + non-torch memory", lambda: f"{C.VLLM_CONTEXT_GB} GB", "assumed"),
-    ("NCCL buffers per trainer (> 1 GPU)", lambda: f"{C.NCCL_GB} GB", "assumed"),
-    ("allocator slack", lambda: f"{C.ALLOCATOR_SLACK:.0%}", "assumed"),
-    ("vLLM activations + CUDA graphs", lambda: f"{C.VLLM_OVERHEAD_GB} GB", "assumed"),
-    ("decode bandwidth efficiency", lambda: f"{C.BANDWIDTH_EFF}", "assumed (copies: 0.9 measured)"),
-    ("prefill / decode matmul efficiency", lambda: f"{C.PREFILL_EFF}", "assumed"),
-    ("engine iteration overhead", lambda: f"{C.ITERATION_S * 1e3:g} ms", "assumed"),
-    ("tokens per engine iteration", lambda: f"{C.CHUNK_TOKENS:,}", "assumed (vLLM chunked prefill)"),
-    ("tool call", lambda: f"{C.TOOL_S * 1e3:g} ms", "sandbox round trip + replay (README)"),
-    ("prefix shared by a group's first prompts", lambda: f"all but {T.PREFIX_TAIL} tokens",
-     "assumed (vLLM prefix caching, on by default)"),
-    ("weight sync per step", lambda: f"{C.SYNC_S:g} s", "assumed for a 7B LoRA adapter"),
-]  # fmt: skip
-
-
-def render(plan: Plan, mfu: float = C.MFU) -> str:
-    out = ["rcgrpo plan", *("  " + h for h in plan.head), ""]
-    out.append(f"memory per GPU (GB = 1e9 B; {plan.gpu_bytes / C.GB:.1f} GB physical each)")
-    for phase in plan.phases:
-        out.append(f"  {phase.title}")
-        for t in phase.terms:
-            out.append(f"    {t.name:<56} {t.bytes / C.GB:8.2f}   {t.formula}")
-        free = 1 - phase.bytes / plan.gpu_bytes
-        verdict = "fits" if free >= C.HEADROOM else f"DOES NOT FIT (headroom >= {C.HEADROOM:.0%})"
-        out.append(f"    {'total':<56} {phase.bytes / C.GB:8.2f}   headroom {free:.1%}: {verdict}")
-    if plan.timing:
-        out += ["", "time per RL step (estimate)", *plan.timing]
-    out += ["", "constants (rcgrpo/training/plan/constants.py)",
-            f"  {'model FLOPs utilisation of the update':<44} {mfu:<10} assumed (--mfu)"]  # fmt: skip
-    out += [f"  {name:<44} {value():<10} {source}" for name, value, source in CONSTANTS]
-    out.append("fits: yes" if not plan.problems else f"fits: no: {plan.problems[0]}")
-    return "\n".join(out)

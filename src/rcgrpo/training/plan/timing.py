@@ -175,8 +175,16 @@ def rollout_seconds(groups, gpus: int, engine_args: dict, lock_step: bool) -> fl
     return worst
 
 
-def update_flops(arch: Arch, lengths: list[int], groups: list[list[int]], packed: bool,
-                 passes: int, reference: bool, checkpointing: bool, lora: bool) -> float:  # fmt: skip
+def update_flops(
+    arch: Arch,
+    lengths: list[int],
+    groups: list[list[int]],
+    packed: bool,
+    passes: int,
+    reference: bool,
+    checkpointing: bool,
+    lora: bool,
+) -> float:
     """FLOPs of one step's training forwards and backwards over `groups` of `lengths` (the
     micro-batches of one pass). Per computed token 2 x non-embedding params; attention
     2 x layers x q_dim x T^2 per sequence (causal, QK^T and AV), T the padded row's length."""
@@ -190,8 +198,9 @@ def update_flops(arch: Arch, lengths: list[int], groups: list[list[int]], packed
     return fwd * (1 + (1 if reference else 0) + passes * per_pass)
 
 
-def step_micro_batches(lengths: list[int], budget: int, per_batch: int, mini: int, packed: bool,
-                       seed: int = 0) -> list[list[int]]:  # fmt: skip
+def step_micro_batches(
+    lengths: list[int], budget: int, per_batch: int, mini: int, packed: bool, seed: int = 0
+) -> list[list[int]]:
     """One pass's micro-batches: shuffled mini-batches of `mini` rollouts, each formed by tokens
     (budget > 0) or by count (`per_batch` rollouts)."""
     order = list(range(len(lengths)))

@@ -1,0 +1,134 @@
+"""Where a command's Prefect flows report: the user's PREFECT_API_URL, `rcgrpo ui`'s server, or
+a private Prefect API server that lives and dies with the command.
+
+Why a private server and not Prefect's ephemeral one: Prefect's outlived a kill -9 or a SIGTERM
+of the command (re-parented to PID 1) and held its stdout open; this one runs under the guard of
+rcgrpo.procs like every server of rcgrpo.servers, with a fresh auth string per run. The auth
+string of `rcgrpo ui`'s server goes only to a server of this user that asks for it.
+
+    with private_prefect():        # PREFECT_API_URL + PREFECT_API_AUTH_STRING set inside
+        flow()
+    api = prefect_for_flows(stack)   # what `rcgrpo run` does
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from rcgrpo.procs import port_is_mine
+from rcgrpo.runtime import apply_defaults
+from rcgrpo.servers import HOST, _logs, _spawn, answers, prefect_auth, stop, wait_ready
+
+
+def prefect_api_running(port: int = 4200, home: Path | None = None) -> tuple[str, str] | None:
+    """(API URL, auth string) of `rcgrpo ui`'s Prefect server when one answers on
+    127.0.0.1:<port>, runs as this user, refuses a request without the auth string and takes
+    this machine's one; else None (the string is never sent to anyone else's server)."""
+    api = f"http://{HOST}:{port}/api"
+    if not port_is_mine(port) or not answers(f"{api}/health", timeout=1.0):
+        return None  # the auth string goes only to a server of this user that asks for it
+    auth = prefect_auth(home, create=False)
+    if not auth or answers(f"{api}/admin/version", 2.0):
+        return None
+    return (api, auth) if answers(f"{api}/admin/version", 2.0, auth) else None
+
+
+def prefect_for_flows(stack: contextlib.ExitStack) -> str:
+    """Where this command's flows report, entered on `stack`: PREFECT_API_URL if the user set
+    one; else `rcgrpo ui`'s server when it answers and takes this machine's auth string (the
+    runs show there live); else a `private_prefect` server that stops with the command."""
+    if os.environ.get("PREFECT_API_URL"):
+        return os.environ["PREFECT_API_URL"]
+    if found := prefect_api_running():
+        stack.enter_context(use_prefect(*found))
+        return found[0]
+    server = stack.enter_context(private_prefect())
+    return f"{server.url}/api (this command's own, stopped with it; `rcgrpo ui` keeps a UI)"
+
+
+@contextlib.contextmanager
+def private_prefect(log_dir: Path | None = None, timeout: float | None = None):
+    """A Prefect API server for this command alone (what Prefect's ephemeral server was, but
+    it dies with the command: Prefect's outlived a kill -9 or a SIGTERM, re-parented to PID 1,
+    and held the command's stdout open). A fresh auth string per run; PREFECT_API_URL and
+    PREFECT_API_AUTH_STRING point this process (and its children) at it inside the block.
+    Queued Prefect logs and events are sent before it stops. Start it from the main thread."""
+    apply_defaults()
+    with contextlib.closing(__import__("socket").socket()) as s:
+        s.bind((HOST, 0))
+        port = s.getsockname()[1]
+    auth = f"rcgrpo:{secrets.token_urlsafe(24)}"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env |= {  # as Prefect starts its ephemeral one
+        "PREFECT_SERVER_API_AUTH_STRING": auth,
+        "PREFECT_API_AUTH_STRING": auth,
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+    }
+    site = str(Path(importlib.util.find_spec("prefect").origin).parents[1])
+    # --app-dir: uvicorn would put its working directory first on sys.path otherwise
+    cmd = [
+        sys.executable,
+        "-P",
+        "-m",
+        "uvicorn",
+        "--app-dir",
+        site,
+        "--factory",
+        "prefect.server.api.server:create_app",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--log-level",
+        "error",
+        "--lifespan",
+        "on",
+    ]
+    url = f"http://{HOST}:{port}"
+    log = _logs(log_dir) / "prefect-private.log"
+    server = _spawn("Prefect API (this command's)", cmd, env, url, f"{url}/api/health", log)
+    server.auth = auth
+    try:
+        limit = timeout or float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
+        wait_ready([server], limit)
+        with use_prefect(f"{url}/api", auth):
+            yield server
+    finally:
+        _drain_prefect()
+        stop(server)
+
+
+@contextlib.contextmanager
+def use_prefect(api: str, auth: str):
+    """Point the Prefect clients of this process and of the processes it starts at `api`, sending
+    `auth`. Prefect reads its settings when it is imported, so the environment alone reaches
+    only children: this process gets them through prefect's temporary_settings."""
+    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING")}
+    os.environ.update(PREFECT_API_URL=api, PREFECT_API_AUTH_STRING=auth)
+    try:
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: auth}):
+            yield
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def _drain_prefect() -> None:
+    """Send Prefect's queued logs and events before their server stops (else they are lost)."""
+    if "prefect" not in sys.modules:
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        with contextlib.suppress(Exception):
+            worker.drain_all(timeout=10)
