@@ -85,13 +85,14 @@ def generate_rollouts(
     by failures.refusal. Returns (split -> usable records, the manifest's rollouts summary or
     None when none were tried). The policy is dataset.rollout_model (params.yaml `model:` by
     default); engine, scheduler and budgets are the `rollout:` section with rollout_overrides
-    (0 budgets = the profile's). rollouts=auto skips, with a warning, only when the engine or
+    (0 budgets = the profile's), its vLLM servers on every GPU (dataset.vllm_servers). rollouts=auto skips, with a warning, only when the engine or
     the model cannot be loaded; a first prompt over the budget fails the build, naming it."""
     from rcgrpo.config import load_section
     from rcgrpo.data.dataset import rollout_model
     from rcgrpo.data.failures import EngineUnavailable, RolloutReport, rollout_failures
-    from rcgrpo.rollout.config import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig, for_inference
     from rcgrpo.rollout.execution import ExecutionConfig, session
+    from rcgrpo.rollout.router import visible_gpus
 
     logger = get_run_logger()
     if cfg.rollouts == "off":
@@ -111,6 +112,8 @@ def generate_rollouts(
         model = rollout_model(cfg, model_overrides)
         rollout = load_section("rollout", RolloutConfig, overrides=rollout_overrides)
         execution = load_section("execution", ExecutionConfig)
+    util = cfg.vllm_gpu_memory_utilization  # every GPU: no trainer runs during the data stage
+    rollout = for_inference(rollout, cfg.vllm_servers, util, visible_gpus())
     try:
         with session(execution) as backend:
             logger.info("rollouts on %s with rollout.engine=%s", backend.tags(), rollout.engine)

@@ -102,3 +102,23 @@ def test_two_rcgrpo_runs_started_together(tmp_path):
             except subprocess.TimeoutExpired:
                 os.killpg(r.pid, signal.SIGKILL)
                 r.wait()
+
+
+def test_a_bad_setting_is_said_even_while_another_run_holds_the_lock(tmp_path):
+    """A typo in `--set` is this command's own fault: it is reported as such (one line, exit 2),
+    not hidden behind the lock of a run that may take hours."""
+    proj = copy_project(project_root(), tmp_path / "proj")
+    proc = _holder(proj)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "rcgrpo.cli", "run", "--project", str(proj)]
+            + ["--set", "rl.p_high=7"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == "error: rl.p_high=7: must be in [0, 1]"

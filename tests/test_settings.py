@@ -74,6 +74,8 @@ BAD = {
     },
     "eval": {
         "split": ("x", "must be one of train, test"),
+        "vllm_servers": ("-1", "must be in [0, inf)"),
+        "vllm_gpu_memory_utilization": ("0", "must be in (0, 1]"),
         "protocol": ("x", "must be one of trained, bfcl, combined"),
         "other_protocol": ("maybe", "must be true or false"),
         "temperature": ("-1", "must be in [0, inf)"),
@@ -126,6 +128,8 @@ BAD = {
     },
     "dataset": {
         "root": ("[a]", "must be a string"),
+        "vllm_servers": ("-1", "must be in [0, inf)"),
+        "vllm_gpu_memory_utilization": ("0", "must be in (0, 1]"),
         "data_dir": ("[a]", "must be a string"),
         "remote": ("[a]", "must be a string"),
         "docs_dir": ("[a]", "must be a string"),

@@ -82,8 +82,9 @@ def run(
     """Run the whole pipeline; prints where the results and the UIs are."""
     from rcgrpo.run_lock import hold
 
-    hold(_enter_project(project))  # one run at a time: before data, Prefect and the MLflow store
+    root = _enter_project(project)
     rc = _resolve(set_, stages, variant, preset, profile, procs)  # before prefect, mlflow, torch
+    hold(root)  # one run at a time: a bad setting is said first, then before data, Prefect, MLflow
     from rcgrpo.cli.doctor import refuse_cpu  # a GPU-sized run on the CPU: one line, now
 
     refuse_cpu("rcgrpo run", rc.model.profile, rc.rollout.engine, procs, allow_cpu)

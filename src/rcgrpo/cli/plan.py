@@ -40,7 +40,30 @@ def resolve(preset: str, sets: list[str], profile: str) -> dict:
         "finetune": getattr(rc, stage),
         "stage": stage,
         "preset": preset,
+        "eval": rc.eval,
+        "dataset": rc.dataset,
     }
+
+
+def stage_gpus(cfg: dict, gpus: int) -> str:
+    """Each stage's use of the `gpus` GPUs: training on one rank each, the data stage and the
+    evaluations on vLLM servers of their own (rcgrpo.rollout.config.for_inference)."""
+    from rcgrpo.rollout.config import for_inference
+
+    roll = cfg["rollout"]
+    if roll.engine != "vllm":
+        return f"GPUs per stage: {gpus} training ranks; data and evaluation: transformers engine"
+    visible = [str(i) for i in range(gpus)]
+    parts = []
+    for name in ("dataset", "eval"):
+        sec = cfg[name]
+        r = for_inference(roll, sec.vllm_servers, sec.vllm_gpu_memory_utilization, visible)
+        parts.append(
+            f"{name} {r.n_servers} vLLM servers x {r.tensor_parallel_size} GPU at "
+            f"{r.vllm_gpu_memory_utilization:.2f}"
+        )
+    rl = f"rl {gpus} ranks, 1 vLLM server each at {roll.vllm_gpu_memory_utilization:.2f}"
+    return f"GPUs per stage ({gpus}): {parts[0]}; fine-tuning {gpus} ranks; {rl}; {parts[1]}"
 
 
 def pick_gpu(name: str, memory: float):
@@ -101,6 +124,7 @@ def plan(
         mfu,
     )
     result.head.append(f"preset {cfg['preset']}, fine-tuning stage {cfg['stage']}")
+    result.head.append(stage_gpus(cfg, gpus))
     if not result.problems or table:
         typer.echo(render(result, mfu))
     check(result)  # NoFit: `error: <what to change>`, exit 2 (rcgrpo.cli.main)

@@ -75,6 +75,12 @@ class DatasetConfig:
     rollout_share: float = ranged(
         0.5, "[0, 1]", "most of the failures taken from rollouts (the rest: perturbations)"
     )
+    vllm_servers: int = ranged(
+        0, "[0, inf)", "vllm: this stage's servers (0 = one per visible GPU; CPU: rollout's)"
+    )
+    vllm_gpu_memory_utilization: float = ranged(
+        0.85, "(0, 1]", "vllm: share of each GPU for this stage's servers (no trainer beside)"
+    )
     commit: bool = setting(True, "git-commit data.dvc after a valid build")
     push: bool = setting(True, "dvc push to the remote after the commit")
     lock_timeout_s: float = ranged(600.0, "[0, inf)", "wait at most this long for another build")

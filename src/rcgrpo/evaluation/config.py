@@ -34,6 +34,12 @@ class EvalConfig:
     task_file: str = setting("", "only the tasks of this dataset file (JSONL), e.g. the RL tasks")
     limit: int = ranged(0, "[0, inf)", "first N tasks per category (0 = all), quick checks only")
     model_name: str = setting("rcgrpo", "folder name in the bfcl-eval result layout")
+    vllm_servers: int = ranged(
+        0, "[0, inf)", "vllm: this stage's servers (0 = one per visible GPU; CPU: rollout's)"
+    )
+    vllm_gpu_memory_utilization: float = ranged(
+        0.85, "(0, 1]", "vllm: share of each GPU for this stage's servers (no trainer beside)"
+    )
     out_dir: str = setting("outputs/eval", "report.json, outcomes.jsonl, bfcl_results/")
 
     def __post_init__(self):

@@ -272,8 +272,9 @@ def run_eval(
     from dataclasses import replace
 
     from rcgrpo.models.loading import load_policy
-    from rcgrpo.rollout.config import RolloutConfig
+    from rcgrpo.rollout.config import RolloutConfig, for_inference
     from rcgrpo.rollout.execution import RolloutSpec, make_engine
+    from rcgrpo.rollout.router import visible_gpus
 
     cfg = resolve_protocol(cfg, model_path)
     tasks = eval_tasks(cfg)  # before loading the model: a bad task_file fails at once
@@ -281,6 +282,8 @@ def run_eval(
     rollout_cfg = replace(
         rollout_cfg or RolloutConfig(), protocol=cfg.protocol, temperature=cfg.temperature
     )
+    util = cfg.vllm_gpu_memory_utilization  # every GPU: no trainer shares them now
+    rollout_cfg = for_inference(rollout_cfg, cfg.vllm_servers, util, visible_gpus())
     if backend is None:
         engine = make_engine(rollout_cfg, policy)
     else:

@@ -142,3 +142,20 @@ class RolloutConfig:
         if not fits:
             raise ValueError(f"LoRA rank {want} is above vLLM's largest, {VLLM_LORA_RANKS[-1]}")
         return fits[0]
+
+
+def for_inference(cfg: RolloutConfig, servers: int, utilization: float, visible: list[str]):
+    """The rollout settings of a stage that no trainer shares the GPUs with (the data stage's
+    base-policy rollouts, the evaluations): vLLM on every visible GPU, at `utilization`, never
+    asleep. `servers` 0 = one server per tensor_parallel_size GPUs of `visible` (the CPU, with
+    none visible: the rollout section's count); vllm_devices, when the user pinned them, stay.
+    The transformers engine is returned as it is (it has no servers)."""
+    import dataclasses
+
+    if cfg.engine != "vllm":
+        return cfg
+    out = dataclasses.replace(cfg, vllm_gpu_memory_utilization=utilization, vllm_sleep_mode=False)
+    if cfg.vllm_devices:
+        return out
+    n = servers or len(visible) // cfg.tensor_parallel_size or cfg.n_servers
+    return dataclasses.replace(out, vllm_servers=n)
