@@ -154,6 +154,7 @@ BAD = {
     "env": {
         "tool_timeout_s": ("0", "must be in (0, inf)"),
         "tool_memory_mb": ("100", "must be in [256, inf)"),
+        "max_observation_chars": ("10", "must be in [256, inf)"),
     },
     "execution": {
         "backend": ("spark", "must be one of local, ray"),

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from rcgrpo.bfcl.dispatch import dispatch
 from rcgrpo.bfcl.executor import Call, Parsed, parse_calls
-from rcgrpo.bfcl.observations import valid_utf8
+from rcgrpo.bfcl.observations import shown, valid_utf8
 from rcgrpo.bfcl.tasks import REVEAL_MESSAGE, Task
 
 STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT
@@ -201,11 +201,9 @@ class LocalEpisode(_Turns):
                 from rcgrpo.bfcl.progress import out_of_memory
 
                 out_of_memory()  # in a worker: report and exit (the parent restores the state)
-            observations.append(valid_utf8(observation))
+            observations.append(shown(observation))
             ok.append(ran)
-        observations += [
-            valid_utf8(f"Error: could not parse tool call: {e}") for e in parsed.errors
-        ]
+        observations += [shown(f"Error: could not parse tool call: {e}") for e in parsed.errors]
         executed = [
             c.name in functions and not o for c, o in zip(parsed.calls, overran, strict=True)
         ]
@@ -266,12 +264,12 @@ class Episode(_Turns):
             else:  # the same refusal as dispatch gives, without a round trip
                 observation = f"Error during execution: function {call.name!r} is not available"
                 ran, overran = False, False
-            step.observations.append(valid_utf8(observation))
+            step.observations.append(valid_utf8(observation))  # the worker cut it to size
             step.ok.append(ran)
             step.overran.append(overran)
             step.executed.append(call.name in functions and not overran)
         step.observations += [
-            valid_utf8(f"Error: could not parse tool call: {e}") for e in parsed.errors
+            shown(f"Error: could not parse tool call: {e}") for e in parsed.errors
         ]
         return step
 

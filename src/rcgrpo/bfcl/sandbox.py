@@ -37,6 +37,7 @@ import weakref
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from rcgrpo.bfcl.observations import DEFAULT_MAX_CHARS, set_max_chars
 from rcgrpo.bfcl.progress import IDLE, LAYOUT, OOM, TRUSTED, Failure
 from rcgrpo.fields import config_class, ranged
 
@@ -50,6 +51,11 @@ class EnvConfig:
     )
     tool_memory_mb: int = ranged(
         4096, "[256, inf)", "address-space limit (RLIMIT_AS) of the tool worker process"
+    )
+    max_observation_chars: int = ranged(
+        DEFAULT_MAX_CHARS,
+        "[256, inf)",
+        "a tool observation is cut to this many characters in the worker (+ a marker)",
     )
 
     def __post_init__(self):
@@ -109,7 +115,8 @@ class Sandbox:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         code = "from rcgrpo.bfcl.tool_worker import worker_main; worker_main()"
         fds = (from_parent, to_parent, progress_fd)
-        args = [str(fd) for fd in fds] + [str(self.config.tool_memory_mb)]
+        limits = (self.config.tool_memory_mb, self.config.max_observation_chars)
+        args = [str(fd) for fd in fds] + [str(n) for n in limits]
         self._proc = subprocess.Popen(
             # -P: `-c` would put the working directory first on sys.path, and a planted
             # mmap.py there would run inside the worker
@@ -259,8 +266,10 @@ _chosen: list[EnvConfig] = []  # the run's `env:` section, set once by the stage
 
 def use(cfg: EnvConfig) -> None:
     """Make `cfg` (a resolved run's `env:`) what this process's tool workers run under; call
-    before the first sandbox starts (each thread keeps the one it started)."""
+    before the first sandbox starts (each thread keeps the one it started). Episodes run in
+    this process (no worker) cut their observations at the same size."""
     _chosen[:] = [cfg]
+    set_max_chars(cfg.max_observation_chars)
 
 
 def configured() -> EnvConfig:

@@ -18,7 +18,7 @@ import mmap
 import sys
 from multiprocessing.connection import Connection
 
-from rcgrpo.bfcl import progress
+from rcgrpo.bfcl import observations, progress
 from rcgrpo.bfcl.environment import LocalEpisode
 from rcgrpo.bfcl.progress import IDLE, Failure, mark, model_guard, trusted_guard
 from rcgrpo.bfcl.replay import ground_truth_run, replay_here
@@ -69,11 +69,13 @@ def _serve(conn_in: Connection, conn_out: Connection) -> None:
 
 
 def worker_main() -> None:
-    """Entry point of the worker process (argv: in fd, out fd, progress fd, memory MiB)."""
+    """Entry point of the worker process (argv: in fd, out fd, progress fd, memory MiB,
+    observation cap in characters)."""
     import ctypes
     import resource
 
-    fd_in, fd_out, fd_progress, memory_mb = (int(a) for a in sys.argv[1:5])
+    fd_in, fd_out, fd_progress, memory_mb, max_chars = (int(a) for a in sys.argv[1:6])
+    observations.set_max_chars(max_chars)
     with contextlib.suppress(OSError, AttributeError):  # die with the parent thread that
         ctypes.CDLL(None).prctl(1, 9)  # started us (Linux PR_SET_PDEATHSIG = 1, SIGKILL)
     progress.attach(mmap.mmap(fd_progress, progress.LAYOUT.size))

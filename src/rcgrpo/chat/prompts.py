@@ -154,6 +154,9 @@ class Renderer:
         tags = re.findall(r"</?[A-Za-z_|][\w|.-]*>", template)
         specials = {*tokenizer.all_special_tokens, *(t.content for t in added), *tags}
         self.specials = sorted((t for t in specials if len(t) > 1), key=len, reverse=True)
+        # the most characters one token can stand for (a byte-level BPE token's string holds
+        # one character per byte): a text of n characters is at least n / this many tokens
+        self.longest_token = max(len(t) for t in tokenizer.get_vocab())
 
     def escape(self, content: str) -> str:
         """Tool text with every added token's and template tag's text broken by a backslash."""

@@ -197,6 +197,10 @@ class AgentLoop:
 
     def _continue(self) -> None:
         """Append the pending messages + generation prompt as tokens, if the budget allows."""
+        room = self.limits.max_total_tokens - len(self.ids) - 1
+        chars = sum(len(m["content"]) for m in self.pending_messages)
+        if chars > room * self.renderer.longest_token:  # cannot fit: never tokenized at all
+            return self._finish("token_budget")
         history = [{k: m[k] for k in ("role", "content")} for m in self.messages]
         ids = self.renderer.continuation(history, self.pending_messages, self.tools, True)
         if len(self.ids) + len(ids) + 1 >= self.limits.max_total_tokens:
