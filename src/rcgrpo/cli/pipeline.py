@@ -81,6 +81,11 @@ def run(
     ),
     project: str = typer.Option("", help=PROJECT_HELP),
     allow_cpu: bool = typer.Option(False, help="run a hub profile, --procs > 1 or vLLM on the CPU"),
+    resume: bool = typer.Option(
+        False,
+        help="continue the interrupted run here: completed stages skipped, RL from its "
+        "last checkpoint, the same MLflow runs (the same settings, else refused)",
+    ),
 ) -> None:
     """Run the whole pipeline; prints where the results and the UIs are."""
     from rcgrpo.run_lock import hold
@@ -90,6 +95,10 @@ def run(
     from rcgrpo.cli.doctor import refuse_cpu  # a GPU-sized run on the CPU: one line, now
 
     refuse_cpu("rcgrpo run", rc.model.profile, rc.rollout.engine, procs, allow_cpu)
+    if resume:  # nothing to resume, or other settings: one line, before any server starts
+        from flows.resume import interrupted
+
+        interrupted(rc)
     from flows.pipeline import pipeline_flow
     from rcgrpo.config import ConfigError
     from rcgrpo.models.serving import served_bases
@@ -100,27 +109,14 @@ def run(
         api = prefect_for_flows(stack)
         stack.enter_context(served_bases(f"outputs/served-{os.getpid()}"))  # one per run
         try:
-            out = pipeline_flow(rc, register_name)
+            out = pipeline_flow(rc, register_name, resume=resume)
         except (ConfigError, ValueError) as e:
             typer.secho(f"rcgrpo run: {e}", fg="red", err=True)
             raise typer.Exit(2) from None
     minutes = (time.monotonic() - started) / 60
-    from rcgrpo.tracking import registry
-    from rcgrpo.tracking import runs as tracking
+    from rcgrpo.cli.summary import lines
 
-    lines = [
-        f"pipeline finished in {minutes:.1f} min (MLflow run {out['run_id']})",
-        f"  data version     {out.get('data_version')}",
-        f"  model version    {out.get('model_version', '-')} (MLflow Model Registry)",
-        f"  RL tasks         {_before_after(out.get('rl_tasks') or {})}",
-        f"  evaluation table {out.get('eval', {}).get('table', '-')}",
-        f"  report           {out['report']}",
-        f"  MLflow store     {tracking.tracking_uri()}",
-        f"  MLflow UI        {registry.run_url(out['run_id'])}   (start it: rcgrpo ui)",
-        f"  episode traces   {_traces_url(out)}",
-        f"  Prefect          {api}",
-    ]
-    typer.echo("\n".join(lines))
+    typer.echo("\n".join(lines(out, minutes, api)))
 
 
 def _experiment_link(host: str) -> str:
@@ -133,14 +129,6 @@ def _experiment_link(host: str) -> str:
 
     exp = MlflowClient(tracking.tracking_uri()).get_experiment_by_name(tracking.EXPERIMENT)
     return registry.experiment_url(exp.experiment_id, host) if exp else host
-
-
-def _traces_url(out: dict) -> str:
-    """The MLflow trace view of the RL run's sampled episodes (each evaluation run has its own)."""
-    from rcgrpo.tracking import registry
-
-    run = (out.get("rl") or {}).get("run_id")
-    return registry.run_url(run, page="traces") if run else "-"
 
 
 def _resolve(sets: list[str], stages: str, variant: str, preset: str, profile: str, procs: int):
@@ -177,27 +165,6 @@ def _check_procs(procs: int) -> None:
         gpus = torch.cuda.device_count()
         if gpus and procs > gpus:
             raise ConfigError(f"rcgrpo run --procs {procs}: this machine has {gpus} GPUs")
-
-
-def _before_after(reports: dict) -> str:
-    """'high 3/8 -> 8/8, low 1/8 -> 2/8 (greedy, paper reward)' from the RL-task reports."""
-    import json
-    from pathlib import Path
-
-    loaded = {k: json.loads(Path(p).read_text()) for k, p in reports.items()}
-    if not loaded:
-        return "-"
-
-    def count(when: str, token: str) -> str:
-        runs = (loaded.get(when) or {}).get("runs", {}).get(token)
-        if not runs:
-            return "?"
-        a = runs[min(runs)]["paper"]["pooled"]
-        return f"{a['k']:g}/{a['n']:g}"
-
-    tokens = sorted({t for r in loaded.values() for t in r["runs"]})
-    parts = [f"{t} {count('before', t)} -> {count('after', t)}" for t in tokens]
-    return ", ".join(parts) + " (success before -> after RL; greedy, paper reward)"
 
 
 class _Stop(Exception):

@@ -143,6 +143,7 @@ class Ranks:
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
         self.attn_coef = balance.model_coef(model)  # what share's costs weigh T^2 at
+        self.waiting = _not_watched  # a heartbeat's `waiting` (rcgrpo.training.heartbeat)
 
     def forward(self, fn, *args):
         """fn(model, *args) inside the wrapped model's forward, e.g. sft.summed_ce: the loops
@@ -182,7 +183,8 @@ class Ranks:
     def sum(self, values: list[float]) -> list[float]:
         """Per-rank floats (logged losses, stats) summed over the ranks, in one all-reduce."""
         t = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
-        return self.accelerator.reduce(t, reduction="sum").tolist()
+        with self.waiting("sum"):
+            return self.accelerator.reduce(t, reduction="sum").tolist()
 
     def group_share(self, n_groups: int) -> tuple[int, int]:
         """[start, end) of the groups this rank rolls out (`group_share`)."""
@@ -191,7 +193,8 @@ class Ranks:
     def gather(self, obj) -> list:
         """Every rank's Python object, in rank order, on every rank (the RL rollouts)."""
         out = [None] * self.world
-        torch.distributed.all_gather_object(out, obj)
+        with self.waiting("gather"):  # the slowest rank's rollout: waiting, not stalled
+            torch.distributed.all_gather_object(out, obj)
         return out
 
     def merge(self, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
@@ -199,10 +202,11 @@ class Ranks:
         back on its own device: rows each rank filled alone (zeros elsewhere) become the whole
         batch's on every rank."""
         out = []
-        for t in tensors:
-            if t is not None:
-                t = self.accelerator.reduce(t.to(self.accelerator.device), "sum").to(t.device)
-            out.append(t)
+        with self.waiting("merge"):  # the other ranks' share of pi_old / the reference
+            for t in tensors:
+                if t is not None:
+                    t = self.accelerator.reduce(t.to(self.accelerator.device), "sum").to(t.device)
+                out.append(t)
         return out
 
 
@@ -241,6 +245,10 @@ class Single:
 
     def merge(self, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
         return list(tensors)
+
+
+def _not_watched(_what: str):
+    return contextlib.nullcontext()
 
 
 class _Call(torch.nn.Module):
