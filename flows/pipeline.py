@@ -26,14 +26,12 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows import resume as resume_state
 from flows.evaluate import evaluate_flow
 from rcgrpo.run_config import RunConfig
 from rcgrpo.run_lock import hold as hold_run_lock
 from rcgrpo.runtime import apply_defaults, project_root
-from rcgrpo.tracking import registry
+from rcgrpo.tracking import orphans, registry
 from rcgrpo.tracking import runs as tracking
-from rcgrpo.tracking.orphans import fail_killed_pipelines
 
 apply_defaults()
 
@@ -70,9 +68,9 @@ def pipeline_flow(
 ) -> dict:
     """Run rc.plan.stages in order, for one of the paper's four recipes (rc.plan.variant,
     rcgrpo.evaluation.variants); returns paths, run ids, the model version. `rc` may be its
-    JSON form (RunConfig.to_dict: a scheduled run's parameter). `resume`: continue the run last
-    started in this project (flows/resume.py): its MLflow run, its completed stages skipped,
-    RL from its last checkpoint."""
+    JSON form (RunConfig.to_dict: a scheduled run's parameter). `resume`: continue the run
+    last started in this project (rcgrpo.tracking.orphans): its MLflow runs, its completed
+    stages skipped, RL from its last checkpoint."""
     from flows.build_dataset import build_dataset_flow
     from flows.train import train_flow
     from rcgrpo.evaluation.variants import get_variant
@@ -82,8 +80,8 @@ def pipeline_flow(
     out: dict = {"stages": list(stages), "variant": v.name, "preset": preset}
     config = rc.to_dict()
     hold_run_lock(project_root())  # one run at a time (a scheduled one too), before the store
-    fail_killed_pipelines()  # under the lock: a RUNNING pipeline run is a killed one's
-    state = resume_state.interrupted(rc) if resume else None  # one line if it cannot
+    orphans.fail_killed_pipelines()  # under the lock: a RUNNING pipeline run is a killed one's
+    state = orphans.interrupted(rc) if resume else None  # one line if it cannot
     with tracking.start_run(
         "pipeline",
         config=config,
@@ -92,17 +90,17 @@ def pipeline_flow(
     ) as run:
         pid = run.info.run_id
         out["run_id"] = pid
-        state = state or resume_state.start(pid, config)
+        state = state or orphans.start(pid, config)
         report_dir = Path(report_root)
         report_dir = report_dir if report_dir.is_absolute() else project_root() / report_dir
         log_run_config(pid, rc, str(report_dir / pid))
-        if "data" in stages and resume_state.data_complete(state):
+        if "data" in stages and orphans.data_complete(state):
             print("data: complete in the interrupted run (data/ at its version): skipped")
         elif "data" in stages:
             built = build_dataset_flow(rc.dataset, rc=rc)  # a subflow
             out["data"] = {k: built.get(k) for k in ("rev", "md5", "counts") if k in built}
             tracking.log_metrics(pid, _counts(built.get("counts") or {}), 0)
-            resume_state.record(state, "data", out["data"])
+            orphans.record(state, "data", out["data"])
         # the data version as it is now (after the build), on the pipeline run itself
         dv = tracking.data_version()
         version = f"{dv['rev'][:12]}:{dv['md5']}"
@@ -112,11 +110,11 @@ def pipeline_flow(
         out["data_version"] = version
         ft = rl = ev = None
         rl_traces: dict = {}
-        if "finetune" in stages and (ft := resume_state.model_complete(state, v.init)):
+        if "finetune" in stages and (ft := orphans.model_complete(state, v.init)):
             print(f"{v.init}: complete in the interrupted run ({ft['model_path']}): skipped")
         elif "finetune" in stages:
             ft = train_flow(v.init, rc, pid)
-            resume_state.record(state, v.init, ft)
+            orphans.record(state, v.init, ft)
         if ft:
             out["finetune"] = {"run_id": ft["run_id"], "model_path": ft["model_path"]}
         if "rl" in stages:
@@ -151,7 +149,7 @@ def pipeline_flow(
             pid, str(report_dir / pid), info, rl and rl["run_id"], ft and ft["run_id"],
             ev and ev["report"], ev and ev["table"], out.get("rl_tasks") or {}, rl_traces,
         )  # fmt: skip
-        resume_state.finished(state)
+        orphans.finished(state)
     print(json.dumps(out, indent=1, default=str))
     return out
 

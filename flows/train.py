@@ -41,7 +41,7 @@ def train_flow(
     stage: str, rc: RunConfig, parent_run_id: str | None = None, state: dict | None = None
 ) -> dict:
     """Train `stage` (rctp | sft | rl) as `rc` says; {"run_id", "model_path", "config"}.
-    `state`: the pipeline's (flows/resume.py): the stage's MLflow run is recorded there when it
+    `state`: the pipeline's (rcgrpo.tracking.orphans): the stage's MLflow run is recorded there when it
     starts, and one recorded already (an interrupted run's) is reopened and resumed from its
     last checkpoint instead."""
     if stage not in TRAIN_STAGES:
@@ -53,9 +53,9 @@ def train_flow(
     ) as run:
         run_id = run.info.run_id
         if state is not None and not earlier:
-            from flows import resume
+            from rcgrpo.tracking.orphans import record
 
-            resume.record(state, stage, {"run_id": run_id}, done=False)
+            record(state, stage, {"run_id": run_id}, done=False)
         model_path = fit(stage, rc, run_id, bool(earlier))
         log_model(run_id, model_path)
     print(f"{stage}: model {model_path} (MLflow run {run_id})")

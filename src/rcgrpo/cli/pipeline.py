@@ -96,7 +96,7 @@ def run(
 
     refuse_cpu("rcgrpo run", rc.model.profile, rc.rollout.engine, procs, allow_cpu)
     if resume:  # nothing to resume, or other settings: one line, before any server starts
-        from flows.resume import interrupted
+        from rcgrpo.tracking.orphans import interrupted
 
         interrupted(rc)
     from flows.pipeline import pipeline_flow
@@ -114,21 +114,30 @@ def run(
             typer.secho(f"rcgrpo run: {e}", fg="red", err=True)
             raise typer.Exit(2) from None
     minutes = (time.monotonic() - started) / 60
-    from rcgrpo.cli.summary import lines
-
-    typer.echo("\n".join(lines(out, minutes, api)))
-
-
-def _experiment_link(host: str) -> str:
-    """The rcgrpo experiment in the UI's model-training view (MLflow 3.17 opens the GenAI view
-    without `?workflowType=`: rcgrpo.tracking.registry); the bare host before the first run."""
-    from mlflow.tracking import MlflowClient
-
     from rcgrpo.tracking import registry
     from rcgrpo.tracking import runs as tracking
 
-    exp = MlflowClient(tracking.tracking_uri()).get_experiment_by_name(tracking.EXPERIMENT)
-    return registry.experiment_url(exp.experiment_id, host) if exp else host
+    lines = [
+        f"pipeline finished in {minutes:.1f} min (MLflow run {out['run_id']})",
+        f"  data version     {out.get('data_version')}",
+        f"  model version    {out.get('model_version', '-')} (MLflow Model Registry)",
+        f"  RL tasks         {_before_after(out.get('rl_tasks') or {})}",
+        f"  evaluation table {out.get('eval', {}).get('table', '-')}",
+        f"  report           {out['report']}",
+        f"  MLflow store     {tracking.tracking_uri()}",
+        f"  MLflow UI        {registry.run_url(out['run_id'])}   (start it: rcgrpo ui)",
+        f"  episode traces   {_traces_url(out)}",
+        f"  Prefect          {api}",
+    ]
+    typer.echo("\n".join(lines))
+
+
+def _traces_url(out: dict) -> str:
+    """The MLflow trace view of the RL run's sampled episodes (each evaluation run has its own)."""
+    from rcgrpo.tracking import registry
+
+    run = (out.get("rl") or {}).get("run_id")
+    return registry.run_url(run, page="traces") if run else "-"
 
 
 def _resolve(sets: list[str], stages: str, variant: str, preset: str, profile: str, procs: int):
@@ -167,6 +176,27 @@ def _check_procs(procs: int) -> None:
             raise ConfigError(f"rcgrpo run --procs {procs}: this machine has {gpus} GPUs")
 
 
+def _before_after(reports: dict) -> str:
+    """'high 3/8 -> 8/8, low 1/8 -> 2/8 (greedy, paper reward)' from the RL-task reports."""
+    import json
+    from pathlib import Path
+
+    loaded = {k: json.loads(Path(p).read_text()) for k, p in reports.items()}
+    if not loaded:
+        return "-"
+
+    def count(when: str, token: str) -> str:
+        runs = (loaded.get(when) or {}).get("runs", {}).get(token)
+        if not runs:
+            return "?"
+        a = runs[min(runs)]["paper"]["pooled"]
+        return f"{a['k']:g}/{a['n']:g}"
+
+    tokens = sorted({t for r in loaded.values() for t in r["runs"]})
+    parts = [f"{t} {count('before', t)} -> {count('after', t)}" for t in tokens]
+    return ", ".join(parts) + " (success before -> after RL; greedy, paper reward)"
+
+
 class _Stop(Exception):
     """SIGTERM or SIGHUP reached `rcgrpo ui` (SIGINT arrives as KeyboardInterrupt)."""
 
@@ -188,6 +218,7 @@ def ui(
     """
     _enter_project()
     from rcgrpo import mlflow_ui, servers
+    from rcgrpo.tracking import registry
     from rcgrpo.tracking import runs as tracking
 
     if mlflow_port == prefect_port:
@@ -205,7 +236,9 @@ def ui(
         auth_file = servers.prefect_home() / servers.AUTH_FILE
         secret = tracking.store_dir() / mlflow_ui.PASSWORD_FILE
         login = f"its login: user {mlflow_ui.USER}, the password in {secret}"
-        typer.echo(f"MLflow UI   {_experiment_link(started[0].url)}   (runs, traces; {login})")
+        typer.echo(
+            f"MLflow UI   {registry.experiment_link(started[0].url)}   (runs, traces; {login})"
+        )
         typer.echo(f"Prefect UI  {started[1].url}   (flow runs, deployments, schedules; "
                    f"its login asks for the password in {auth_file})")  # fmt: skip
         typer.echo(
