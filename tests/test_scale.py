@@ -253,3 +253,44 @@ def test_a_stalled_rank_is_named_and_the_run_fails_within_the_window(tmp_path):
     assert wall < 120, wall  # the sleep (600 s) and the gloo timeout (1,800 s) never reached
     beats = sorted(p.name for p in (tmp_path / "work" / "heartbeat").glob("rank_*.json"))
     assert beats == ["rank_0.json", "rank_1.json"]
+
+
+def test_collective_timeout_follows_the_configured_engine():
+    """HF: rollout.max_batch episodes at a time at the 10 steps/s floor. vLLM on an H100 80 GB
+    (85.0e9 bytes to CUDA) at utilization 0.7, Qwen2.5-7B bf16, 73,728-token episodes: its KV
+    cache holds 719,670 tokens = 9 episodes, each iteration reads the weights and 9 full
+    contexts at 57,344 B a token, at 0.7 of 3.35 TB/s plus 3 ms: ~39 steps/s; the paper preset's
+    160 episodes a rank are 18 waves: ~34,000 s (9.5 h; the HF figure said 6.1 h). Off a GPU the
+    vLLM engine keeps --max-num-seqs at the floor."""
+    import dataclasses
+
+    from toy_models import tiny_llama
+
+    from rcgrpo.rollout.config import RolloutConfig
+    from rcgrpo.training.distributed import collective_timeout_s, rollout_pace
+    from rcgrpo.training.plan.constants import architecture
+    from rcgrpo.training.plan.timing import vllm_pace
+
+    model = tiny_llama(16, 0)
+    hf = RolloutConfig(max_batch=64)
+    assert rollout_pace(hf, "tiny", model) == (64, 10.0)
+    assert collective_timeout_s(160, 64, 73_728) == 3 * 73_728 / 10  # 6.1 h: the HF figure
+    vllm = dataclasses.replace(hf, engine="vllm", vllm_max_num_seqs=256)
+    assert rollout_pace(vllm, "tiny", model) == (256, 10.0)  # the CPU build
+
+    arch = architecture("qwen2.5-7b-instruct")
+    seqs, rate = vllm_pace(
+        "qwen2.5-7b-instruct", 2, "NVIDIA H100 80GB HBM3", 85.0e9, 0.7, 73_728, 256
+    )
+    assert seqs == 9
+    read = arch.params() * 2 + 57_344 * 9 * 73_728
+    assert abs(rate - 1 / (read / (3.35e12 * 0.7) + 0.003)) < 1e-9
+    assert 38 < rate < 40
+    timeout = collective_timeout_s(160, seqs, 73_728, rate)
+    assert timeout == 18 * 73_728 / rate and 9 * 3600 < timeout < 10 * 3600
+    # an A100 decodes slower: a longer timeout; an unknown GPU: the slowest known one's pace
+    assert (
+        vllm_pace("qwen2.5-7b-instruct", 2, "NVIDIA A100-SXM4-80GB", 85.0e9, 0.7, 73_728, 256)[1]
+        < rate
+    )
+    assert vllm_pace("tiny-unknown", 2, "x", 85.0e9, 0.7, 73_728, 256) is None

@@ -97,14 +97,42 @@ def group_share(n_groups: int, rank: int, world: int) -> tuple[int, int]:
     return start, start + base + (rank < extra)
 
 
-def collective_timeout_s(episodes: int, max_batch: int, max_total_tokens: int) -> float:
-    """Seconds a rank may wait in a collective for the slowest rank's rollout: its episodes run
-    in ceil(episodes / max_batch) batches, each at most max_total_tokens decode steps, at a
-    floor of DECODE_STEPS_PER_S_FLOOR steps per second; never under MIN_TIMEOUT_S. The paper
-    preset on 8 ranks (160 episodes, batches of 64, 81,920 tokens): 24,576 s (6.8 h), where
-    NCCL's default 10 min would end a long rollout step as a hang."""
-    batches = math.ceil(max(episodes, 1) / max(max_batch, 1))
-    return max(MIN_TIMEOUT_S, batches * max_total_tokens / DECODE_STEPS_PER_S_FLOOR)
+def collective_timeout_s(
+    episodes: int,
+    concurrent: int,
+    max_total_tokens: int,
+    steps_per_s: float = DECODE_STEPS_PER_S_FLOOR,
+) -> float:
+    """Seconds a rank may wait in a collective for the slowest rank's rollout when every episode
+    runs to its budget: `concurrent` episodes at a time (`rollout_pace`: the configured
+    engine's), ceil(episodes / concurrent) waves of max_total_tokens decode steps at
+    `steps_per_s`; never under MIN_TIMEOUT_S. The paper preset on 8 ranks with the HF engine
+    (160 episodes, batches of 64, 81,920 tokens, 10 steps/s): 24,576 s (6.8 h), where NCCL's
+    default 10 min would end a long rollout step as a hang. A hang is named long before this by
+    the ranks' heartbeats (rcgrpo.training.heartbeat)."""
+    waves = math.ceil(max(episodes, 1) / max(concurrent, 1))
+    return max(MIN_TIMEOUT_S, waves * max_total_tokens / max(steps_per_s, 1e-9))
+
+
+def rollout_pace(rollout_cfg, profile: str, model: torch.nn.Module) -> tuple[int, float]:
+    """(episodes one rank's engine runs at once, its decode steps per second), the throughput
+    the collective timeout is sized by. HF: rollout.max_batch at DECODE_STEPS_PER_S_FLOOR. vLLM
+    on a GPU: the episodes its KV cache holds at the budget and the decode rate of the plan's
+    cost model on this GPU (rcgrpo.training.plan.timing.vllm_pace), never below the floor;
+    elsewhere its --max-num-seqs at the floor."""
+    floor = DECODE_STEPS_PER_S_FLOOR
+    if getattr(rollout_cfg, "engine", "hf") != "vllm":
+        return rollout_cfg.max_batch, floor
+    seqs, weight = rollout_cfg.vllm_max_num_seqs, model.get_input_embeddings().weight
+    if weight.device.type != "cuda":  # the CPU build: no KV figure to size it by
+        return seqs, floor
+    from rcgrpo.training.plan.timing import vllm_pace
+
+    props = torch.cuda.get_device_properties(weight.device)
+    util, tokens = rollout_cfg.vllm_gpu_memory_utilization, rollout_cfg.max_total_tokens
+    b, name, gpu = weight.element_size(), props.name, props.total_memory
+    pace = vllm_pace(profile, b, name, gpu, util, tokens, seqs)
+    return (seqs, floor) if pace is None else (pace[0], max(floor, pace[1]))
 
 
 def launched() -> bool:

@@ -114,16 +114,16 @@ class Trainer:
         self.out = Path(cfg.out_dir)
 
     def _timeout_s(self) -> float:
-        """The process-group timeout: one rank's rollout at the engine's budget (an engine
-        without `cfg.limits`, e.g. a test's, gets the floor)."""
+        """The process-group timeout: one rank's rollout at the configured engine's concurrency
+        and budget (an engine without `cfg.limits`, e.g. a test's, gets the floor)."""
         limits = getattr(getattr(self.engine, "cfg", None), "limits", None)
         if limits is None:
             return distributed.MIN_TIMEOUT_S
         world = int(os.environ.get("WORLD_SIZE", "1"))
         episodes = -(-self.cfg.tasks_per_step // world) * self.cfg.group_size
-        return distributed.collective_timeout_s(
-            episodes, self.engine.cfg.max_batch, limits.max_total_tokens
-        )
+        profile = getattr(self.policy, "name", "")
+        concurrent, rate = distributed.rollout_pace(self.engine.cfg, profile, self.model)
+        return distributed.collective_timeout_s(episodes, concurrent, limits.max_total_tokens, rate)
 
     def _heartbeat(self):
         """Under a launcher: this rank's Heartbeat (progress: the model's forwards, the engine's
