@@ -204,6 +204,8 @@ def test_stall_verdict_names_the_rank_that_stopped_first():
     assert stalled(beats, 89.0, 30.0) is None  # nobody past the window yet (rank 1: 29 s)
     beats[3]["time"] = 50.0  # a frozen process: its beat thread stopped too
     assert stalled(beats, 100.0, 30.0).startswith("rank 3 (pid 13) stalled: no heartbeat for 50 s")
+    beats[3]["phase"] = "done"  # it finished its loop: its silence is no stall
+    assert stalled(beats, 100.0, 30.0).startswith("rank 1 (pid 11)")
 
 
 @pytest.mark.slow

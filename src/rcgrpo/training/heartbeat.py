@@ -90,8 +90,12 @@ class Heartbeat:
             self.tick()
 
     def close(self) -> None:
+        """Stop beating; the last beat says "done" (a rank still saving is not kept waiting on a
+        finished one's silence)."""
         self._stop.set()
         self._thread.join(timeout=5)
+        self.state.update(phase="done", waiting="done")
+        self._beat()
         if self._hook is not None:
             self._hook.remove()
 
@@ -130,6 +134,8 @@ def stalled(beats: dict[int, dict], now: float, stall_s: float) -> str | None:
     last progress is; of several, the one that stopped first."""
     late = []
     for r, b in beats.items():
+        if b["phase"] == "done":  # finished its loop: silent from now on
+            continue
         silent = now - b["time"]
         if silent > stall_s:
             late.append((b["time"], r, f"no heartbeat for {silent:.0f} s"))
