@@ -176,6 +176,42 @@ def test_run_resume_after_a_kill_during_rl_ends_as_an_uninterrupted_run(prefect_
     assert steps == {1, 2, 3}
 
 
+def test_resume_state_refuses_in_one_line_and_voids_what_a_redone_stage_fed(tmp_path, monkeypatch):
+    """The state of `rcgrpo run --resume`: nothing to resume, a finished run and a setting that
+    matters are refused naming it; the rank count, execution and traces may change; a stage done
+    anew drops the stages recorded after it and the started RL run."""
+    import dataclasses
+
+    from rcgrpo.config import ConfigError
+    from rcgrpo.run_config import resolve
+    from rcgrpo.tracking import orphans
+
+    rc = resolve(None, "cpu", "rctp+rc-grpo", {}, ["finetune", "rl"], 1)  # params.yaml here
+    monkeypatch.setenv("RCGRPO_PROJECT", str(tmp_path))  # the state file goes there
+    with pytest.raises(ConfigError, match=r"no pipeline run to resume in this project"):
+        orphans.interrupted(rc)
+    state = orphans.start("run1", rc.to_dict())
+    assert orphans.interrupted(rc)["run_id"] == "run1"
+    wider = dataclasses.replace(rc, plan=dataclasses.replace(rc.plan, procs=8))
+    ray = dataclasses.replace(rc, execution=dataclasses.replace(rc.execution, backend="ray"))
+    assert orphans.interrupted(wider) and orphans.interrupted(ray)  # no number moves
+    other = dataclasses.replace(rc, rl=dataclasses.replace(rc.rl, lr=1e-3, steps=7))
+    with pytest.raises(ConfigError) as e:
+        orphans.interrupted(other)
+    assert str(e.value).startswith("rcgrpo run --resume: rl.lr is 0.001 now but was 0.0002 in ")
+    assert "(and 1 more)" in str(e.value) and "\n" not in str(e.value)
+
+    orphans.record(state, "data", {"md5": "a"})
+    orphans.record(state, "rctp", {"model_path": "m"})
+    orphans.record(state, "rl", {"run_id": "r"}, done=False)
+    orphans.record(state, "data", {"md5": "b"})  # rebuilt: the fine-tuning and RL go with it
+    assert orphans.interrupted(rc)["done"] == {"data": {"md5": "b"}}
+    assert orphans.interrupted(rc)["runs"] == {}
+    orphans.finished(state)
+    with pytest.raises(ConfigError, match=r"the last run here \(MLflow run run1\) finished"):
+        orphans.interrupted(rc)
+
+
 # -- hangs named -----------------------------------------------------------------------------
 
 
