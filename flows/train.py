@@ -41,9 +41,9 @@ def train_flow(
     stage: str, rc: RunConfig, parent_run_id: str | None = None, state: dict | None = None
 ) -> dict:
     """Train `stage` (rctp | sft | rl) as `rc` says; {"run_id", "model_path", "config"}.
-    `state`: the pipeline's (rcgrpo.tracking.orphans): the stage's MLflow run is recorded there when it
-    starts, and one recorded already (an interrupted run's) is reopened and resumed from its
-    last checkpoint instead."""
+    `state`: the pipeline's (rcgrpo.tracking.orphans): the stage's MLflow run is recorded there
+    when it starts, and one recorded already (an interrupted run's) is reopened and resumed
+    from its last checkpoint instead."""
     if stage not in TRAIN_STAGES:
         raise ValueError(f"stage {stage!r}: expected one of {TRAIN_STAGES}")
     config = stages.stage_config(rc, stage)

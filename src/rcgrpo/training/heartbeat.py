@@ -1,10 +1,11 @@
-"""Heartbeats of the ranks of a launched training run, and rank 0's watcher that names a stalled
+"""Heartbeats of the ranks of a launched training run, and the watcher that names a stalled
 rank: each rank's thread rewrites <out_dir>/heartbeat/rank_<r>.json every `every_s` seconds with
-its step, phase, when the phase began, its last progress and the time; the thread then reads them
-all (every rank does: a frozen rank 0 is named by the others) and, when a rank made no progress for `stall_s` seconds outside a wait at a collective, prints
-one line naming it (rank, its phase and step, the age) and ends the process with exit code 3, so
-torchrun stops the other ranks and the run fails in minutes instead of hanging until the
-process-group timeout (hours: it must cover a whole rollout).
+its step, phase, when the phase began, its last progress and the time, then reads every rank's
+file (every rank watches: a frozen rank 0 is named by the others). When a rank made no progress
+for `stall_s` seconds outside a wait at a collective, it prints one line naming it (rank, its
+phase and step, the age) and ends the process with exit code 3, so torchrun stops the other
+ranks and the run fails in minutes instead of hanging until the process-group timeout (hours:
+it must cover a whole rollout).
 
 Why progress and not just the beat: a rank blocked in Python (a hung tool call, a server that
 never answers, a sleep) keeps its beat thread alive, so a beat only proves the process exists. The
@@ -20,7 +21,7 @@ stopped, the one that stopped first is named (the others are waiting for it). A 
     hb.phase("rollout", step)     # ... "update", "sync", "save"
     with hb.waiting("gather"): ...
     hb.close()
-    .venv/bin/pytest tests/test_distributed.py -q -k stall
+    .venv/bin/pytest tests/test_scale.py -q -k stall
 """
 
 from __future__ import annotations

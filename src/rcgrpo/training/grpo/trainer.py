@@ -121,7 +121,7 @@ class Trainer:
             return distributed.MIN_TIMEOUT_S
         world = int(os.environ.get("WORLD_SIZE", "1"))
         episodes = -(-self.cfg.tasks_per_step // world) * self.cfg.group_size
-        profile = getattr(self.policy, "name", "")
+        profile = getattr(getattr(self.policy, "config", None), "profile", "")  # its shape
         concurrent, rate = distributed.rollout_pace(self.engine.cfg, profile, self.model)
         return distributed.collective_timeout_s(episodes, concurrent, limits.max_total_tokens, rate)
 
