@@ -264,6 +264,7 @@ def test_a_stalled_rank_is_named_and_the_run_fails_within_the_window(tmp_path):
         "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
     }
     env["RCGRPO_TEST_STALL"] = "1:update:600"
+    env["TMPDIR"] = str(tmp_path)  # torchrun's torchelastic_* folder, left behind on a failure
     cmd = [
         sys.executable,
         "-m",
