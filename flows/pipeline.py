@@ -30,9 +30,8 @@ from flows.evaluate import evaluate_flow
 from rcgrpo.run_config import RunConfig
 from rcgrpo.run_lock import hold as hold_run_lock
 from rcgrpo.runtime import apply_defaults, project_root
-from rcgrpo.tracking import registry
+from rcgrpo.tracking import orphans, registry
 from rcgrpo.tracking import runs as tracking
-from rcgrpo.tracking.orphans import fail_killed_pipelines
 
 apply_defaults()
 
@@ -71,11 +70,16 @@ def write_and_log_report(
 
 @flow(name="rcgrpo-pipeline", log_prints=True, validate_parameters=False)
 def pipeline_flow(
-    rc: RunConfig | dict, register_name: str = "rcgrpo", report_root: str = "reports"
+    rc: RunConfig | dict,
+    register_name: str = "rcgrpo",
+    report_root: str = "reports",
+    resume: bool = False,
 ) -> dict:
     """Run rc.plan.stages in order, for one of the paper's four recipes (rc.plan.variant,
     rcgrpo.evaluation.variants); returns paths, run ids, the model version. `rc` may be its
-    JSON form (RunConfig.to_dict: a scheduled run's parameter)."""
+    JSON form (RunConfig.to_dict: a scheduled run's parameter). `resume`: continue the run
+    last started in this project (rcgrpo.tracking.orphans): its MLflow runs, its completed
+    stages skipped, RL from its last checkpoint."""
     from flows.build_dataset import build_dataset_flow
     from flows.train import train_flow
     from rcgrpo.evaluation.variants import get_variant
@@ -85,19 +89,27 @@ def pipeline_flow(
     out: dict = {"stages": list(stages), "variant": v.name, "preset": preset}
     config = rc.to_dict()
     hold_run_lock(project_root())  # one run at a time (a scheduled one too), before the store
-    fail_killed_pipelines()  # under the lock: a RUNNING pipeline run is a killed one's
+    orphans.fail_killed_pipelines()  # under the lock: a RUNNING pipeline run is a killed one's
+    state = orphans.interrupted(rc) if resume else None  # one line if it cannot
     with tracking.start_run(
-        "pipeline", config=config, tags={"stage": "pipeline", "variant": v.name}
+        "pipeline",
+        config=config,
+        tags={"stage": "pipeline", "variant": v.name},
+        run_id=state and state["run_id"],
     ) as run:
         pid = run.info.run_id
         out["run_id"] = pid
+        state = state or orphans.start(pid, config)
         report_dir = Path(report_root)
         report_dir = report_dir if report_dir.is_absolute() else project_root() / report_dir
         log_run_config(pid, rc, str(report_dir / pid))
-        if "data" in stages:
+        if "data" in stages and orphans.data_complete(state):
+            print("data: complete in the interrupted run (data/ at its version): skipped")
+        elif "data" in stages:
             built = build_dataset_flow(rc.dataset, rc=rc)  # a subflow
             out["data"] = {k: built.get(k) for k in ("rev", "md5", "counts") if k in built}
             tracking.log_metrics(pid, _counts(built.get("counts") or {}), 0)
+            orphans.record(state, "data", out["data"])
         # the data version as it is now (after the build), on the pipeline run itself
         dv = tracking.data_version()
         version = f"{dv['rev'][:12]}:{dv['md5']}"
@@ -107,15 +119,19 @@ def pipeline_flow(
         out["data_version"] = version
         ft = rl = ev = None
         rl_traces: dict = {}
-        if "finetune" in stages:
+        if "finetune" in stages and (ft := orphans.model_complete(state, v.init)):
+            print(f"{v.init}: complete in the interrupted run ({ft['model_path']}): skipped")
+        elif "finetune" in stages:
             ft = train_flow(v.init, rc, pid)
+            orphans.record(state, v.init, ft)
+        if ft:
             out["finetune"] = {"run_id": ft["run_id"], "model_path": ft["model_path"]}
         if "rl" in stages:
             rl_rc = rc
             if ft:  # RL starts from the model this run fine-tuned
                 rl_cfg = dataclasses.replace(rc.rl, init_path=ft["model_path"])
                 rl_rc = dataclasses.replace(rc, rl=rl_cfg)
-            rl = train_flow("rl", rl_rc, pid)
+            rl = train_flow("rl", rl_rc, pid, state=state)  # records its run; resumes it
             out["rl"] = {"run_id": rl["run_id"], "model_path": rl["model_path"]}
         last = rl or ft
         if "eval" in stages and last:
@@ -149,6 +165,7 @@ def pipeline_flow(
             out.get("rl_tasks") or {},
             rl_traces,
         )
+        orphans.finished(state)
     print(json.dumps(out, indent=1, default=str))
     return out
 

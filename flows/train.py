@@ -25,9 +25,9 @@ apply_defaults()
 
 
 @task(cache_policy=NO_CACHE)
-def fit(stage: str, rc: RunConfig, run_id: str) -> str:
+def fit(stage: str, rc: RunConfig, run_id: str, resume: bool = False) -> str:
     """Train (compute: a retry would start over, so none); the final model's folder."""
-    return str(stages.run_stage(stage, rc, run_id))
+    return str(stages.run_stage(stage, rc, run_id, resume))
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
@@ -37,16 +37,26 @@ def log_model(run_id: str, model_path: str) -> None:
 
 
 @flow(name="rcgrpo-train", log_prints=True, validate_parameters=False)
-def train_flow(stage: str, rc: RunConfig, parent_run_id: str | None = None) -> dict:
-    """Train `stage` (rctp | sft | rl) as `rc` says; {"run_id", "model_path", "config"}."""
+def train_flow(
+    stage: str, rc: RunConfig, parent_run_id: str | None = None, state: dict | None = None
+) -> dict:
+    """Train `stage` (rctp | sft | rl) as `rc` says; {"run_id", "model_path", "config"}.
+    `state`: the pipeline's (rcgrpo.tracking.orphans): the stage's MLflow run is recorded there
+    when it starts, and one recorded already (an interrupted run's) is reopened and resumed
+    from its last checkpoint instead."""
     if stage not in TRAIN_STAGES:
         raise ValueError(f"stage {stage!r}: expected one of {TRAIN_STAGES}")
     config = stages.stage_config(rc, stage)
+    earlier = (state or {}).get("runs", {}).get(stage, {}).get("run_id")
     with tracking.start_run(
-        stage, config=config, parent_run_id=parent_run_id, tags={"stage": stage}
+        stage, config=config, parent_run_id=parent_run_id, tags={"stage": stage}, run_id=earlier
     ) as run:
         run_id = run.info.run_id
-        model_path = fit(stage, rc, run_id)
+        if state is not None and not earlier:
+            from rcgrpo.tracking.orphans import record
+
+            record(state, stage, {"run_id": run_id}, done=False)
+        model_path = fit(stage, rc, run_id, bool(earlier))
         log_model(run_id, model_path)
     print(f"{stage}: model {model_path} (MLflow run {run_id})")
     return {"run_id": run_id, "model_path": model_path, "config": config}

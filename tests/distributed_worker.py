@@ -9,11 +9,13 @@ what each rank rolled out to OUT (torch.save).
 Stages: `sft` and `rl` train the shared toy model (rl through test_trainer's ToyEngine); `rl-hf`
 is RC-GRPO on the tiny profile with LoRA through the real HF engine on BFCL tasks, each rank
 loading its own policy and building its own engine (rcgrpo.rollout.execution.make_engine on its
-device), plus one greedy rollout of a step's groups split between the ranks.
+device), plus one greedy rollout of a step's groups split between the ranks. `rl-stall` is `rl`
+with heartbeats every 0.2 s and a 3 s stall window (tests/test_scale.py makes a rank hang).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -97,8 +99,9 @@ def run(out_dir: str, stage: str = "sft") -> dict:
             batch_size=6, micro_batch_size=2, epochs=2, lr=1e-3, warmup_ratio=0.25, out_dir=out_dir
         )
         history = train_sft(model, data(), cfg)
-    elif (
-        stage == "rl"
+    elif stage in (
+        "rl",
+        "rl-stall",
     ):  # RC-GRPO, 2 steps x 2 PPO passes x 2 mini-batches of 3 micro-batches, KL on
         from test_trainer import TASKS, ToyEngine, tiny_policy
 
@@ -111,6 +114,8 @@ def run(out_dir: str, stage: str = "sft") -> dict:
             tasks_per_step=3, group_size=4, steps=2, inner_epochs=2, mini_batch_size=6,
             micro_batch_size=2, lr=1e-3, save_every=0, out_dir=out_dir,
         )  # fmt: skip
+        if stage == "rl-stall":  # beats every 0.2 s, a rank 3 s without progress is named
+            cfg = dataclasses.replace(cfg, heartbeat_s=0.2, stall_s=3.0)
         trainer = Trainer(policy, ToyEngine(policy), TASKS, cfg)
         history = trainer.train()
         extra["rolled_out"] = trainer.rolled_out

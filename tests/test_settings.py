@@ -71,6 +71,8 @@ BAD = {
         "save_every": ("-1", "must be in [0, inf)"),
         "seed": ("-1", "must be in [0, inf)"),
         "out_dir": ("[a]", "must be a string"),
+        "heartbeat_s": ("-1.0", "must be in [0, inf)"),
+        "stall_s": ("0", "must be in (0, inf)"),
     },
     "eval": {
         "split": ("x", "must be one of train, test"),

@@ -78,6 +78,11 @@ def run(
     ),
     project: str = typer.Option("", help=PROJECT_HELP),
     allow_cpu: bool = typer.Option(False, help="run a hub profile, --procs > 1 or vLLM on the CPU"),
+    resume: bool = typer.Option(
+        False,
+        help="continue the interrupted run here: completed stages skipped, RL from its "
+        "last checkpoint, the same MLflow runs (the same settings, else refused)",
+    ),
 ) -> None:
     """Run the whole pipeline; prints where the results and the UIs are."""
     from rcgrpo.run_lock import hold
@@ -88,6 +93,10 @@ def run(
     from rcgrpo.cli.doctor import refuse_cpu  # a GPU-sized run on the CPU: one line, now
 
     refuse_cpu("rcgrpo run", rc.model.profile, rc.rollout.engine, procs, allow_cpu)
+    if resume:  # nothing to resume, or other settings: one line, before any server starts
+        from rcgrpo.tracking.orphans import interrupted
+
+        interrupted(rc)
     from flows.pipeline import pipeline_flow
     from rcgrpo.config import ConfigError
     from rcgrpo.flow_server import prefect_for_flows
@@ -98,7 +107,7 @@ def run(
         api = prefect_for_flows(stack)
         stack.enter_context(served_bases(f"outputs/served-{os.getpid()}"))  # one per run
         try:
-            out = pipeline_flow(rc, register_name)
+            out = pipeline_flow(rc, register_name, resume=resume)
         except (ConfigError, ValueError) as e:
             typer.secho(f"rcgrpo run: {e}", fg="red", err=True)
             raise typer.Exit(2) from None

@@ -18,18 +18,6 @@ import typer
 from rcgrpo.cli.pipeline import _enter_project
 
 
-def _experiment_link(host: str) -> str:
-    """The rcgrpo experiment in the UI's model-training view (MLflow 3.17 opens the GenAI view
-    without `?workflowType=`: rcgrpo.tracking.registry); the bare host before the first run."""
-    from mlflow.tracking import MlflowClient
-
-    from rcgrpo.tracking import registry
-    from rcgrpo.tracking import runs as tracking
-
-    exp = MlflowClient(tracking.tracking_uri()).get_experiment_by_name(tracking.EXPERIMENT)
-    return registry.experiment_url(exp.experiment_id, host) if exp else host
-
-
 class _Stop(Exception):
     """SIGTERM or SIGHUP reached `rcgrpo ui` (SIGINT arrives as KeyboardInterrupt)."""
 
@@ -51,6 +39,7 @@ def ui(
     """
     _enter_project()
     from rcgrpo import mlflow_ui, servers
+    from rcgrpo.tracking import registry
     from rcgrpo.tracking import runs as tracking
 
     if mlflow_port == prefect_port:
@@ -68,7 +57,9 @@ def ui(
         auth_file = servers.prefect_home() / servers.AUTH_FILE
         secret = tracking.store_dir() / mlflow_ui.PASSWORD_FILE
         login = f"its login: user {mlflow_ui.USER}, the password in {secret}"
-        typer.echo(f"MLflow UI   {_experiment_link(started[0].url)}   (runs, traces; {login})")
+        typer.echo(
+            f"MLflow UI   {registry.experiment_link(started[0].url)}   (runs, traces; {login})"
+        )
         typer.echo(
             f"Prefect UI  {started[1].url}   (flow runs, deployments, schedules; "
             f"its login asks for the password in {auth_file})"

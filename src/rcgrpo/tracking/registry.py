@@ -78,6 +78,15 @@ def experiment_url(experiment_id: str, host: str = UI) -> str:
     return f"{host}/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
 
 
+def experiment_link(host: str) -> str:
+    """The rcgrpo experiment in the UI's model-training view (MLflow 3.17 opens the GenAI view
+    without `?workflowType=`); the bare host before the first run."""
+    from rcgrpo.tracking import runs as tracking
+
+    exp = MlflowClient(tracking.tracking_uri()).get_experiment_by_name(tracking.EXPERIMENT)
+    return experiment_url(exp.experiment_id, host) if exp else host
+
+
 def run_url(run_id: str, host: str = UI, page: str = "") -> str:
     """Where the MLflow UI (`rcgrpo ui`) shows the run, in the model-training view; page:
     "" (overview), "model-metrics" (its charts), "traces" (its episode traces)."""

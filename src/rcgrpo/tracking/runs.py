@@ -170,7 +170,6 @@ def flatten(config: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-@contextlib.contextmanager
 def start_run(
     name: str,
     config=None,
@@ -178,10 +177,14 @@ def start_run(
     root: Path | None = None,
     tags: dict | None = None,
     experiment: str = EXPERIMENT,
-) -> Iterator[mlflow.ActiveRun]:
+    run_id: str | None = None,
+) -> contextlib.AbstractContextManager[mlflow.ActiveRun]:
     """A run named `name` (nested under `parent_run_id` if given) with code/data versions and
-    config recorded; ends FINISHED, or FAILED if the block raises."""
+    config recorded; ends FINISHED, or FAILED if the block raises. `run_id`: reopen that run
+    instead (a resumed pipeline's: its params stay, its metrics continue)."""
     exp_id = configure(root, experiment)  # root None: MLFLOW_TRACKING_URI or the project's
+    if run_id:
+        return _reopened(run_id)
     project = Path(root or project_root()).resolve()
     config = _as_dict(config)
     code, data = code_version(project), data_version(project)
@@ -207,6 +210,12 @@ def start_run(
         log_dict(run_id, config, "config.json")
     # mlflow.start_run(run_id=...) makes it the active run of this thread, so plain mlflow.*
     # calls inside the block also land here; nesting is by the explicit parent tag above.
+    return _reopened(run_id)
+
+
+@contextlib.contextmanager
+def _reopened(run_id: str) -> Iterator[mlflow.ActiveRun]:
+    """`run_id` as the active run of this thread for the block; FINISHED, or FAILED if it raises."""
     active = mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None)
     status = "FAILED"
     try:

@@ -69,7 +69,7 @@ def run_stage(
     cfg = stage_section(rc, stage)
     check_writable(cfg.out_dir)  # before any run opens or any file is written: one line
     if rc.plan.procs > 1 and not distributed.launched():
-        return launch(stage, rc, run_id)
+        return launch(stage, rc, run_id, resume)
     sandbox.use(rc.env)  # before any tool worker starts
     if not distributed.is_main():
         return _train(stage, rc, None, resume)
@@ -134,7 +134,7 @@ def log_outputs(run_id: str, model_path: str | Path) -> None:
             tracking.log_artifact(run_id, Path(model_path).parent / name)
 
 
-def launch(stage: str, rc: RunConfig, run_id: str | None) -> Path:
+def launch(stage: str, rc: RunConfig, run_id: str | None, resume: bool | str = False) -> Path:
     """`rcgrpo train STAGE --config <out_dir>/run_config.json [--mlflow-run ID]` on
     rc.plan.procs torchrun ranks (rank 0 logs and saves); the saved model's folder. A failed
     rank fails the stage in one line (the ranks' output is above it)."""
@@ -150,6 +150,7 @@ def launch(stage: str, rc: RunConfig, run_id: str | None) -> Path:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd = [*torchrun, "--nproc_per_node", str(procs), "-m", "rcgrpo.cli", "train", stage]
     cmd += ["--config", str(spec), *(["--mlflow-run", run_id] if run_id else [])]
+    cmd += ["--resume-from", resume] if isinstance(resume, str) else ["--resume"] * bool(resume)
     done = subprocess.run(cmd, cwd=project_root())
     final = Path(cfg.out_dir) / "final"
     if done.returncode != 0 or not final.is_dir():

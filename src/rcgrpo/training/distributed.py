@@ -98,14 +98,42 @@ def group_share(n_groups: int, rank: int, world: int) -> tuple[int, int]:
     return start, start + base + (rank < extra)
 
 
-def collective_timeout_s(episodes: int, max_batch: int, max_total_tokens: int) -> float:
-    """Seconds a rank may wait in a collective for the slowest rank's rollout: its episodes run
-    in ceil(episodes / max_batch) batches, each at most max_total_tokens decode steps, at a
-    floor of DECODE_STEPS_PER_S_FLOOR steps per second; never under MIN_TIMEOUT_S. The paper
-    preset on 8 ranks (160 episodes, batches of 64, 81,920 tokens): 24,576 s (6.8 h), where
-    NCCL's default 10 min would end a long rollout step as a hang."""
-    batches = math.ceil(max(episodes, 1) / max(max_batch, 1))
-    return max(MIN_TIMEOUT_S, batches * max_total_tokens / DECODE_STEPS_PER_S_FLOOR)
+def collective_timeout_s(
+    episodes: int,
+    concurrent: int,
+    max_total_tokens: int,
+    steps_per_s: float = DECODE_STEPS_PER_S_FLOOR,
+) -> float:
+    """Seconds a rank may wait in a collective for the slowest rank's rollout when every episode
+    runs to its budget: `concurrent` episodes at a time (`rollout_pace`: the configured
+    engine's), ceil(episodes / concurrent) waves of max_total_tokens decode steps at
+    `steps_per_s`; never under MIN_TIMEOUT_S. The paper preset on 8 ranks with the HF engine
+    (160 episodes, batches of 64, 81,920 tokens, 10 steps/s): 24,576 s (6.8 h), where NCCL's
+    default 10 min would end a long rollout step as a hang. A hang is named long before this by
+    the ranks' heartbeats (rcgrpo.training.heartbeat)."""
+    waves = math.ceil(max(episodes, 1) / max(concurrent, 1))
+    return max(MIN_TIMEOUT_S, waves * max_total_tokens / max(steps_per_s, 1e-9))
+
+
+def rollout_pace(rollout_cfg, profile: str, model: torch.nn.Module) -> tuple[int, float]:
+    """(episodes one rank's engine runs at once, its decode steps per second), the throughput
+    the collective timeout is sized by. HF: rollout.max_batch at DECODE_STEPS_PER_S_FLOOR. vLLM
+    on a GPU: the episodes its KV cache holds at the budget and the decode rate of the plan's
+    cost model on this GPU (rcgrpo.training.plan.timing.vllm_pace), never below the floor;
+    elsewhere its --max-num-seqs at the floor."""
+    floor = DECODE_STEPS_PER_S_FLOOR
+    if getattr(rollout_cfg, "engine", "hf") != "vllm":
+        return rollout_cfg.max_batch, floor
+    seqs, weight = rollout_cfg.vllm_max_num_seqs, model.get_input_embeddings().weight
+    if weight.device.type != "cuda":  # the CPU build: no KV figure to size it by
+        return seqs, floor
+    from rcgrpo.training.plan.timing import vllm_pace
+
+    props = torch.cuda.get_device_properties(weight.device)
+    util, tokens = rollout_cfg.vllm_gpu_memory_utilization, rollout_cfg.max_total_tokens
+    b, name, gpu = weight.element_size(), props.name, props.total_memory
+    pace = vllm_pace(profile, b, name, gpu, util, tokens, seqs)
+    return (seqs, floor) if pace is None else (pace[0], max(floor, pace[1]))
 
 
 def launched() -> bool:
@@ -144,6 +172,7 @@ class Ranks:
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
         self.attn_coef = balance.model_coef(model)  # what share's costs weigh T^2 at
+        self.waiting = _not_watched  # a heartbeat's `waiting` (rcgrpo.training.heartbeat)
 
     def forward(self, fn, *args):
         """fn(model, *args) inside the wrapped model's forward, e.g. sft.summed_ce: the loops
@@ -183,7 +212,8 @@ class Ranks:
     def sum(self, values: list[float]) -> list[float]:
         """Per-rank floats (logged losses, stats) summed over the ranks, in one all-reduce."""
         t = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
-        return self.accelerator.reduce(t, reduction="sum").tolist()
+        with self.waiting("sum"):
+            return self.accelerator.reduce(t, reduction="sum").tolist()
 
     def group_share(self, n_groups: int) -> tuple[int, int]:
         """[start, end) of the groups this rank rolls out (`group_share`)."""
@@ -192,7 +222,8 @@ class Ranks:
     def gather(self, obj) -> list:
         """Every rank's Python object, in rank order, on every rank (the RL rollouts)."""
         out = [None] * self.world
-        torch.distributed.all_gather_object(out, obj)
+        with self.waiting("gather"):  # the slowest rank's rollout: waiting, not stalled
+            torch.distributed.all_gather_object(out, obj)
         return out
 
     def merge(self, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
@@ -200,10 +231,11 @@ class Ranks:
         back on its own device: rows each rank filled alone (zeros elsewhere) become the whole
         batch's on every rank."""
         out = []
-        for t in tensors:
-            if t is not None:
-                t = self.accelerator.reduce(t.to(self.accelerator.device), "sum").to(t.device)
-            out.append(t)
+        with self.waiting("merge"):  # the other ranks' share of pi_old / the reference
+            for t in tensors:
+                if t is not None:
+                    t = self.accelerator.reduce(t.to(self.accelerator.device), "sum").to(t.device)
+                out.append(t)
         return out
 
 
@@ -242,6 +274,10 @@ class Single:
 
     def merge(self, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
         return list(tensors)
+
+
+def _not_watched(_what: str):
+    return contextlib.nullcontext()
 
 
 class _Call(torch.nn.Module):

@@ -76,6 +76,12 @@ class RLConfig:
     save_every: int = ranged(50, "[0, inf)", "checkpoint every N steps (0 = never)")
     seed: int = ranged(0, "[0, inf)", "task draws, reward tokens, rollout sampling")
     out_dir: str = setting("outputs/rl", "checkpoints/, metrics.jsonl, final/")
+    heartbeat_s: float = ranged(
+        30.0, "[0, inf)", "launched ranks: seconds between heartbeats (0 = none, no stall watch)"
+    )
+    stall_s: float = ranged(
+        300.0, "(0, inf)", "a rank without progress this long is named and the run fails"
+    )
 
     def __post_init__(self):
         if self.token_sampling == "stratified" and self.group_size < 2:

@@ -105,6 +105,7 @@ class Trainer:
         self.ranks = distributed.for_training(
             self.model, self.optimizer, self.params, self._timeout_s()
         )
+        self.heartbeat = self._heartbeat()  # launched ranks: a stalled one is named
         self.rolled_out: list[int] = []  # rollouts this rank sampled, per step
         tok = getattr(policy, "tokenizer", None)
         self.pad_id = getattr(tok, "pad_token_id", None) or 0
@@ -113,16 +114,40 @@ class Trainer:
         self.out = Path(cfg.out_dir)
 
     def _timeout_s(self) -> float:
-        """The process-group timeout: one rank's rollout at the engine's budget (an engine
-        without `cfg.limits`, e.g. a test's, gets the floor)."""
+        """The process-group timeout: one rank's rollout at the configured engine's concurrency
+        and budget (an engine without `cfg.limits`, e.g. a test's, gets the floor)."""
         limits = getattr(getattr(self.engine, "cfg", None), "limits", None)
         if limits is None:
             return distributed.MIN_TIMEOUT_S
         world = int(os.environ.get("WORLD_SIZE", "1"))
         episodes = -(-self.cfg.tasks_per_step // world) * self.cfg.group_size
-        return distributed.collective_timeout_s(
-            episodes, self.engine.cfg.max_batch, limits.max_total_tokens
+        profile = getattr(getattr(self.policy, "config", None), "profile", "")  # its shape
+        concurrent, rate = distributed.rollout_pace(self.engine.cfg, profile, self.model)
+        return distributed.collective_timeout_s(episodes, concurrent, limits.max_total_tokens, rate)
+
+    def _heartbeat(self):
+        """Under a launcher: this rank's Heartbeat (progress: the model's forwards, the engine's
+        token counts); waits at the rollouts' gather are not stalls. Else None."""
+        if not distributed.launched() or not self.cfg.heartbeat_s:
+            return None
+        from rcgrpo.training.heartbeat import Heartbeat
+
+        e = self.engine
+
+        def engine_counts() -> tuple:  # a server engine's replies move these
+            return getattr(e, "generated_tokens", 0), getattr(e, "prompt_tokens", 0)
+
+        cfg, ranks = self.cfg, self.ranks
+        hb = Heartbeat(
+            cfg.out_dir, ranks.rank, ranks.world, cfg.heartbeat_s, cfg.stall_s, engine_counts
         )
+        hb.watch(self.model)
+        self.ranks.waiting = hb.waiting
+        return hb
+
+    def _phase(self, name: str, step: int) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.phase(name, step)
 
     # -- one step ---------------------------------------------------------------------------------
     def _score(self, task, rollout) -> tuple[int, int]:
@@ -148,6 +173,7 @@ class Trainer:
 
     def train_step(self, step: int) -> dict:
         cfg, t0 = self.cfg, time.perf_counter()
+        self._phase("rollout", step)
         tasks, tokens = self.draw(step)
         out = rollouts.roll_out(self.engine, self.ranks, tasks, tokens, cfg, step, self.score_fn)
         if self.on_rollouts is not None and distributed.is_main():
@@ -181,6 +207,7 @@ class Trainer:
             if w
         ]
         ref_fn = self._ref_logprobs if use_ref else None
+        self._phase("update", step)
         old, ref, gap = update.behaviour_logprobs(
             self.model, batch, mine, self._logprobs, self.temperature, ref_fn
         )
@@ -200,6 +227,7 @@ class Trainer:
             self._logprobs,
         )
         self.scheduler.step()
+        self._phase("sync", step)
         self.engine.sync(self.policy)
         metrics = step_metrics(
             cfg, out, batch.mask, gap, self.updates, lr, time.perf_counter() - t0
@@ -261,5 +289,8 @@ class Trainer:
             if self.log_metrics is not None:
                 self.log_metrics(metrics, step)
             if self.cfg.save_every and step % self.cfg.save_every == 0:
+                self._phase("save", step)
                 self.save(step)
+        if self.heartbeat is not None:
+            self.heartbeat.close()
         return history

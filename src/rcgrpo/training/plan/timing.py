@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 import json
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -217,3 +218,28 @@ def step_micro_batches(
         else:
             out += [part[j : j + per_batch] for j in range(0, len(part), per_batch)]
     return out
+
+
+def vllm_pace(
+    profile: str, b: int, device: str, gpu_bytes: float, share: float, tokens: int, max_seqs: int
+) -> tuple[int, float] | None:
+    """(episodes one vLLM server runs at once, its decode steps per second) when every episode
+    runs to its budget of `tokens`: as many as its KV cache holds at utilization `share` of a
+    GPU of `gpu_bytes` (at most max_seqs), each iteration decoding all of them at full context on
+    the cost model above, on the GPU `device` names (GPUS; an unknown one: the slowest there).
+    None for a profile without an architecture. LoRA slots are left out (two 7B r=16 adapters
+    are ~0.2 GB beside tens of GB of KV)."""
+    from rcgrpo.training.plan.constants import GPUS, architecture
+    from rcgrpo.training.plan.memory import vllm_terms
+
+    try:
+        arch = architecture(profile)
+    except KeyError:
+        return None
+    words = re.split(r"[\s_-]+", device.lower())  # "NVIDIA A100-SXM4-80GB"
+    known = [g for key, g in GPUS.items() if key in words]
+    gpu = known[0] if known else min(GPUS.values(), key=lambda g: g.bandwidth)
+    kv = vllm_terms(arch, b, share, gpu_bytes, 0.0)[1]
+    seqs = max(1, min(max_seqs, int(kv // max(tokens, 1))))
+    engine = Engine(arch, b, gpu, kv, max_seqs)
+    return seqs, 1.0 / engine.iteration_s([tokens] * seqs, [])
