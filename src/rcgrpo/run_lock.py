@@ -45,7 +45,7 @@ def hold(root: str | Path, wait_s: float = 0.0) -> Path:
             break
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+                holder = _holder(fd)
                 os.close(fd)
                 raise RunLocked(
                     f"another pipeline run of this project holds {path} ({holder}); wait for "
@@ -59,3 +59,14 @@ def hold(root: str | Path, wait_s: float = 0.0) -> Path:
     os.pwrite(fd, f"pid {os.getpid()} since {since}: {command}\n".encode(), 0)
     _held[str(path)] = fd
     return path
+
+
+def _holder(fd: int, wait_s: float = 2.0) -> str:
+    """The holder's line. A run that has just taken the lock writes it a moment later (two runs
+    started together meet in that moment): read again for up to `wait_s` before "unknown"."""
+    deadline = time.monotonic() + wait_s
+    while not (text := os.pread(fd, 4096, 0).decode(errors="replace").strip()):
+        if time.monotonic() >= deadline:
+            return "unknown"
+        time.sleep(0.05)
+    return text
