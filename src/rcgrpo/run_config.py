@@ -39,8 +39,10 @@ class Plan:
     stages: tuple[str, ...] = PIPELINE_STAGES
     variant: str = ""  # rcgrpo.evaluation.variants name; "" = the sections as they are
     preset: str = ""  # params.yaml presets.<name> applied; "" = none
-    procs: int = 1  # processes per training stage (torchrun, one per GPU)
+    procs: int = 1  # processes per training stage and node (torchrun, one per GPU)
     root: str = ""  # the project the relative paths were resolved against
+    nodes: int = 1  # nodes of a training stage, joined by torchrun's rendezvous
+    rendezvous: str = ""  # HOST:PORT where the nodes' torchrun agents meet (nodes > 1)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ def resolve(
     stages: list[str] | tuple[str, ...] | None = None,
     procs: int = 1,
     root: Path | None = None,
+    nodes: int = 1,
+    rendezvous: str = "",
 ) -> RunConfig:
     """params.yaml (a dict already read, a path, or None = the project's) + presets.<preset> +
     `sets` ({"rl": {"steps": 2}}: checked by rcgrpo.config.parse_sets) + the variant's RL fields
@@ -127,6 +131,10 @@ def resolve(
         raise ConfigError(f"unknown stages {unknown}: expected a subset of {PIPELINE_STAGES}")
     if procs < 1:
         raise ConfigError(f"--procs {procs}: must be >= 1")
+    if nodes < 1:
+        raise ConfigError(f"--nnodes {nodes}: must be >= 1")
+    if nodes > 1 and not rendezvous.rpartition(":")[2].isdigit():
+        raise ConfigError(f"--nnodes {nodes} needs --rdzv-endpoint HOST:PORT, got {rendezvous!r}")
     fixed: dict[str, list] = {"rl": [], "eval": []}
     if variant:
         from rcgrpo.evaluation.variants import get_variant
@@ -152,7 +160,7 @@ def resolve(
         else:
             layers = given + fixed.get(name, [])
         built[name] = _build(name, base, layers, where)
-    plan = Plan(stages, variant, preset, procs, str(root))
+    plan = Plan(stages, variant, preset, procs, str(root), nodes, rendezvous)
     return RunConfig(**_absolute(built, root), plan=plan)
 
 

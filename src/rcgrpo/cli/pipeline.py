@@ -76,6 +76,9 @@ def run(
     procs: int = typer.Option(
         1, help="processes per training stage, one per GPU, started with torchrun (1 = this one)"
     ),
+    nnodes: int = typer.Option(1, help="nodes; node 0 runs the pipeline, the others join training"),
+    node_rank: int = typer.Option(0, help="this node's rank, 0 .. nnodes - 1"),
+    rdzv_endpoint: str = typer.Option("", help="HOST:PORT of node 0 for torchrun (--nnodes > 1)"),
     project: str = typer.Option("", help=PROJECT_HELP),
     allow_cpu: bool = typer.Option(False, help="run a hub profile, --procs > 1 or vLLM on the CPU"),
     resume: bool = typer.Option(
@@ -85,20 +88,27 @@ def run(
     ),
 ) -> None:
     """Run the whole pipeline; prints where the results and the UIs are."""
+    from rcgrpo.config import ConfigError
     from rcgrpo.run_lock import hold
 
     root = _enter_project(project)
-    rc = _resolve(set_, stages, variant, preset, profile, procs)  # before prefect, mlflow, torch
-    hold(root)  # one run at a time: a bad setting is said first, then before data, Prefect, MLflow
+    nodes = (nnodes, rdzv_endpoint)
+    rc = _resolve(set_, stages, variant, preset, profile, procs, nodes)  # before anything heavy
     from rcgrpo.cli.doctor import refuse_cpu  # a GPU-sized run on the CPU: one line, now
 
-    refuse_cpu("rcgrpo run", rc.model.profile, rc.rollout.engine, procs, allow_cpu)
+    refuse_cpu("rcgrpo run", rc.model.profile, rc.rollout.engine, procs * nnodes, allow_cpu)
+    if not 0 <= node_rank < nnodes:
+        raise ConfigError(f"rcgrpo run --node-rank {node_rank}: must be in [0, {nnodes})")
+    if node_rank > 0:  # a joining node: node 0 runs the pipeline and holds the run lock
+        from rcgrpo.tracking.nodes import follow
+
+        return typer.echo("\n".join(f"saved {p}" for p in follow(rc, node_rank, resume)))
+    hold(root)  # one run at a time: a bad setting is said first, then before data, Prefect, MLflow
     if resume:  # nothing to resume, or other settings: one line, before any server starts
         from rcgrpo.tracking.orphans import interrupted
 
         interrupted(rc)
     from flows.pipeline import pipeline_flow
-    from rcgrpo.config import ConfigError
     from rcgrpo.flow_server import prefect_for_flows
     from rcgrpo.models.serving import served_bases
 
@@ -138,10 +148,11 @@ def _traces_url(out: dict) -> str:
     return registry.run_url(run, page="traces") if run else "-"
 
 
-def _resolve(sets: list[str], stages: str, variant: str, preset: str, profile: str, procs: int):
+def _resolve(sets, stages: str, variant: str, preset: str, profile: str, procs: int, nodes=(1, "")):
     """The run's RunConfig: params.yaml read once, the preset, --set and variant merged and every
     section checked (rcgrpo.run_config.resolve), the data folder and --procs checked, all
-    before a Prefect server or MLflow run starts; a fault raises ConfigError in one line."""
+    before a Prefect server or MLflow run starts; a fault raises ConfigError in one line.
+    `nodes`: (--nnodes, --rdzv-endpoint)."""
     from rcgrpo.config import ConfigError, read_params
     from rcgrpo.run_config import resolve
 
@@ -153,7 +164,9 @@ def _resolve(sets: list[str], stages: str, variant: str, preset: str, profile: s
         raise ConfigError(f"rcgrpo run --procs {procs}: must be >= 1")
     preset = preset or pp.get("preset", "cpu")
     variant = variant or pp.get("variant", "rctp+rc-grpo")
-    rc = resolve(params, preset, variant, overrides, chosen, procs)
+    rc = resolve(
+        params, preset, variant, overrides, chosen, procs, nodes=nodes[0], rendezvous=nodes[1]
+    )
     if "data" in rc.plan.stages:  # never another folder, nor a push into src/
         from rcgrpo.data.versioning import check_data_dir
 

@@ -13,6 +13,7 @@ transformers and matplotlib are imported inside the commands, so `rcgrpo --help`
     rcgrpo train rl --resume                            # continue from the last checkpoint
     rcgrpo train rl --preset paper --variant sft+grpo --set rollout.engine=vllm --procs 8
     rcgrpo train rl --config outputs/rl/run_config.json --mlflow-run RUN_ID   # a torchrun rank
+    rcgrpo train rl --procs 8 --nnodes 2 --rdzv-endpoint node0:29400     # on each of 2 nodes
     rcgrpo eval outputs/rl/final --set tokens=[high,low] --set seeds=[0,1,2]
     rcgrpo compare outputs/eval/sft_grpo outputs/eval/rctp_rcgrpo --png outputs/compare.png
 """
@@ -57,6 +58,11 @@ def train(
     preset: str = typer.Option("", help="params.yaml presets.<name> on top (default: none)"),
     variant: str = typer.Option("", help="a recipe's RL fields, e.g. sft+grpo (default: none)"),
     procs: int = typer.Option(1, help="processes (GPUs), started with torchrun; 1 = this one"),
+    nnodes: int = typer.Option(1, help="nodes, each running this command (torchrun rendezvous)"),
+    node_rank: int = typer.Option(0, help="this node's rank, 0 .. nnodes - 1 (0 logs and saves)"),
+    rdzv_endpoint: str = typer.Option(
+        "", help="HOST:PORT of node 0 where every node's torchrun meets (--nnodes > 1)"
+    ),
     resume: bool = typer.Option(
         False, help="continue from the last checkpoint in out_dir (of the same run and config)"
     ),
@@ -73,24 +79,30 @@ def train(
     if stage not in TRAIN_STAGES:
         raise typer.BadParameter("stage must be rctp, sft or rl", param_hint="STAGE")
     if config is not None:
-        if set_ or model_set or preset or variant or params or procs != 1:
+        others = (set_, model_set, preset, variant, params, procs != 1, nnodes != 1, rdzv_endpoint)
+        if any(others):
             raise ConfigError(f"--config {config}: settings come from the file; drop the others")
         rc = RunConfig.load(config)
     else:
         pairs = [_qualified(p, stage) for p in set_] + [f"model.{p}" for p in model_set]
         sets = parse_sets(pairs, sectioned=True, path=params, together=False)
         stages = ("finetune",) if stage != "rl" else ("rl",)
-        rc = resolve(params, preset, variant, sets, stages=stages, procs=procs)
+        rc = resolve(
+            params, preset, variant, sets, stages, procs, nodes=nnodes, rendezvous=rdzv_endpoint
+        )
     from rcgrpo.cli.doctor import refuse_cpu
     from rcgrpo.training.distributed import launched
 
     if not launched():  # a torchrun rank of `--procs N`: the command that launched it checked
         engine = rc.rollout.engine if stage == "rl" else "hf"
-        refuse_cpu(f"rcgrpo train {stage}", rc.model.profile, engine, rc.plan.procs, allow_cpu)
+        ranks = rc.plan.procs * rc.plan.nodes
+        refuse_cpu(f"rcgrpo train {stage}", rc.model.profile, engine, ranks, allow_cpu)
     from rcgrpo.tracking.stage import run_stage
 
     resume = str(resume_from) if resume_from else resume  # run_identity.begin checks the rest
-    final = run_stage(stage, rc, mlflow_run, resume=resume)
+    if not 0 <= node_rank < rc.plan.nodes:
+        raise ConfigError(f"--node-rank {node_rank}: must be in [0, {rc.plan.nodes})")
+    final = run_stage(stage, rc, mlflow_run, resume=resume, node_rank=node_rank)
     typer.echo(f"saved {final}")
 
 

@@ -63,7 +63,7 @@ def fail_killed_pipelines(experiment: str = EXPERIMENT) -> list[str]:
 
 STATE = Path("outputs") / "pipeline.json"
 # settings a resumed run may change: they move no number (docs/scaling.md)
-FREE = ("pipeline.procs", "execution.", "traces.")
+FREE = ("pipeline.procs", "pipeline.nodes", "pipeline.rendezvous", "execution.", "traces.")
 
 
 def _path() -> Path:

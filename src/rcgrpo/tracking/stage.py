@@ -14,6 +14,9 @@ project's store (mlflow/, or MLFLOW_TRACKING_URI). Under torchrun only rank 0 lo
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -58,18 +61,23 @@ def headline(stage: str, total: int | None, run_id: str | None):
 
 
 def run_stage(
-    stage: str, rc: RunConfig, run_id: str | None = None, resume: bool | str = False
+    stage: str,
+    rc: RunConfig,
+    run_id: str | None = None,
+    resume: bool | str = False,
+    node_rank: int = 0,
 ) -> Path:
     """Train `stage`; every step goes to MLflow run `run_id` (None: a run of its own named after
-    the stage, which also gets the model). On `rc.plan.procs` > 1 outside torchrun: launch."""
+    the stage, which also gets the model). On `rc.plan.procs` > 1 or `rc.plan.nodes` > 1
+    outside torchrun: launch (this node's agent: `node_rank`)."""
     from rcgrpo.bfcl import sandbox
     from rcgrpo.training import distributed
     from rcgrpo.training.checkpoint import check_writable
 
     cfg = stage_section(rc, stage)
     check_writable(cfg.out_dir)  # before any run opens or any file is written: one line
-    if rc.plan.procs > 1 and not distributed.launched():
-        return launch(stage, rc, run_id, resume)
+    if rc.plan.procs * rc.plan.nodes > 1 and not distributed.launched():
+        return launch(stage, rc, run_id, resume, node_rank)
     sandbox.use(rc.env)  # before any tool worker starts
     if not distributed.is_main():
         return _train(stage, rc, None, resume)
@@ -134,10 +142,18 @@ def log_outputs(run_id: str, model_path: str | Path) -> None:
             tracking.log_artifact(run_id, Path(model_path).parent / name)
 
 
-def launch(stage: str, rc: RunConfig, run_id: str | None, resume: bool | str = False) -> Path:
+def launch(
+    stage: str, rc: RunConfig, run_id: str | None, resume: bool | str = False, node_rank: int = 0
+) -> Path:
     """`rcgrpo train STAGE --config <out_dir>/run_config.json [--mlflow-run ID]` on
     rc.plan.procs torchrun ranks (rank 0 logs and saves); the saved model's folder. A failed
-    rank fails the stage in one line (the ranks' output is above it)."""
+    rank fails the stage in one line (the ranks' output is above it).
+
+    On rc.plan.nodes > 1 this is node `node_rank`'s torchrun agent: the agents of every node meet
+    at rc.plan.rendezvous (HOST:PORT: torchrun's static rendezvous, served by node 0's agent).
+    Static, not c10d: node K's ranks are K x procs + local rank, so global rank 0, the one that
+    logs to `run_id` and saves, is always on node 0 (c10d numbers the nodes by host name). The
+    out_dir must be a folder every node reads."""
     cfg, procs = stage_section(rc, stage), rc.plan.procs
     spec = rc.write(Path(cfg.out_dir) / CONFIG_FILE)
     if run_id:
@@ -147,11 +163,17 @@ def launch(stage: str, rc: RunConfig, run_id: str | None, resume: bool | str = F
 
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", *_rendezvous(rc, node_rank)]
     cmd = [*torchrun, "--nproc_per_node", str(procs), "-m", "rcgrpo.cli", "train", stage]
     cmd += ["--config", str(spec), *(["--mlflow-run", run_id] if run_id else [])]
     cmd += ["--resume-from", resume] if isinstance(resume, str) else ["--resume"] * bool(resume)
-    done = subprocess.run(cmd, cwd=project_root())
+    # torchrun leaves a torchelastic_* folder in TMPDIR per launch: this node's own, removed
+    tmp = Path(cfg.out_dir) / f".torchrun-{socket.gethostname()}-{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        done = subprocess.run(cmd, cwd=project_root(), env={**os.environ, "TMPDIR": str(tmp)})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     final = Path(cfg.out_dir) / "final"
     if done.returncode != 0 or not final.is_dir():
         raise RuntimeError(
@@ -159,3 +181,20 @@ def launch(stage: str, rc: RunConfig, run_id: str | None, resume: bool | str = F
             "see the ranks' output above"
         )
     return final
+
+
+def _rendezvous(rc: RunConfig, node_rank: int) -> list[str]:
+    """torchrun's rendezvous arguments: standalone on one node, else this node's static one."""
+    if rc.plan.nodes == 1:
+        return ["--standalone"]
+    host, _, port = rc.plan.rendezvous.rpartition(":")
+    return [
+        "--nnodes",
+        str(rc.plan.nodes),
+        "--node-rank",
+        str(node_rank),
+        "--master-addr",
+        host,
+        "--master-port",
+        port,
+    ]
