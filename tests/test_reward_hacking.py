@@ -19,8 +19,9 @@ import pytest
 from rcgrpo.bfcl.checkers import score
 from rcgrpo.bfcl.environment import Episode
 from rcgrpo.bfcl.executor import parse_calls
+from rcgrpo.bfcl.limits import EnvConfig
 from rcgrpo.bfcl.live_replay import hostile_family, hostile_texts, live_vs_replay
-from rcgrpo.bfcl.sandbox import EnvConfig, Sandbox
+from rcgrpo.bfcl.sandbox import Sandbox
 from rcgrpo.bfcl.tasks import get_task, load_tasks
 from rcgrpo.chat.prompts import Renderer
 from rcgrpo.chat.record import HIGH

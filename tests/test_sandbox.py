@@ -20,7 +20,8 @@ import pytest
 from rcgrpo.bfcl.checkers import ground_truth_calls, score, score_many
 from rcgrpo.bfcl.conformance import cases
 from rcgrpo.bfcl.environment import STEP_ENDED, Episode
-from rcgrpo.bfcl.sandbox import EnvConfig, Sandbox, SandboxError, configured
+from rcgrpo.bfcl.limits import EnvConfig
+from rcgrpo.bfcl.sandbox import Sandbox, SandboxError, configured
 from rcgrpo.bfcl.tasks import get_task
 
 LIMIT = 1.0

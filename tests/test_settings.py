@@ -157,6 +157,8 @@ BAD = {
         "tool_timeout_s": ("0", "must be in (0, inf)"),
         "tool_memory_mb": ("100", "must be in [256, inf)"),
         "max_observation_chars": ("10", "must be in [256, inf)"),
+        "message_timeout_s": ("0", "must be in (0, inf)"),
+        "episode_timeout_s": ("-1", "must be in (0, inf)"),
     },
     "execution": {
         "backend": ("spark", "must be one of local, ray"),

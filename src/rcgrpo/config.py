@@ -95,7 +95,7 @@ SECTIONS = {
     "model": "rcgrpo.models.profiles:ModelConfig",
     "rollout": "rcgrpo.rollout.config:RolloutConfig",
     "dataset": "rcgrpo.data.dataset:DatasetConfig",
-    "env": "rcgrpo.bfcl.sandbox:EnvConfig",
+    "env": "rcgrpo.bfcl.limits:EnvConfig",
     "execution": "rcgrpo.rollout.execution:ExecutionConfig",
     "traces": "rcgrpo.tracking.traces:TracesConfig",
 }

@@ -29,12 +29,14 @@ import functools
 import importlib
 import inspect
 import pickle
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rcgrpo.bfcl.dispatch import dispatch
 from rcgrpo.bfcl.executor import Call, Parsed, parse_calls
 from rcgrpo.bfcl.observations import shown, valid_utf8
+from rcgrpo.bfcl.progress import OUT_OF_TIME
 from rcgrpo.bfcl.tasks import REVEAL_MESSAGE, Task
 
 STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT
@@ -241,12 +243,21 @@ class Episode(_Turns):
         self.sandbox = sandbox or sandboxes.default()
         self._id = self.sandbox.register(self)
         self._log: list[Call] = []  # every call executed so far, replayed into a new worker
+        self.tool_seconds = 0.0  # tool time spent by the model's messages (env.episode_timeout_s)
 
     def _run(self, calls: list[Call], want: str | None = None):
-        sandbox = self.sandbox
-        observations, ok, extra, overran = sandbox.run_step(
-            self._id, self.task, self._log, calls, want
+        if want is not None:  # a state or instances read: no model call, no budget
+            return self.sandbox.run_step(self._id, self.task, self._log, calls, want)
+        cfg = self.sandbox.config
+        budget = min(cfg.message_timeout_s, cfg.episode_timeout_s - self.tool_seconds)
+        if budget <= 0:  # the episode's tool time is spent: nothing more runs
+            n = len(calls)
+            return [OUT_OF_TIME] * n, [False] * n, None, [True] * n
+        start = time.monotonic_ns()
+        observations, ok, extra, overran = self.sandbox.run_step(
+            self._id, self.task, self._log, calls, None, start + int(budget * 1e9)
         )
+        self.tool_seconds += (time.monotonic_ns() - start) / 1e9
         self._log += [c for c, o in zip(calls, overran, strict=True) if not o]
         return observations, ok, extra, overran
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 IDLE, TRUSTED = -2, -1  # progress marks: between requests; a replayed / ground-truth call
+OUT_OF_TIME = "Error during execution: not run: time budget"  # env.message/episode_timeout_s
 OOM = 1
 LAYOUT = struct.Struct("<qqq")  # call index, start (monotonic ns), reason
 
@@ -53,14 +54,17 @@ def out_of_memory() -> None:
     raise MemoryError
 
 
-def model_guard(skip: dict[int, str]):
-    """Guard for model calls: numbers them, marks each start, answers skipped ones itself."""
+def model_guard(skip: dict[int, str], deadline_ns: int | None = None):
+    """Guard for model calls: numbers them, marks each start, answers skipped ones itself, and
+    every call that would start at or after `deadline_ns` (CLOCK_MONOTONIC) with OUT_OF_TIME."""
     counter = iter(range(1 << 62))
 
     def guard() -> str | None:
         index = next(counter)
         if index in skip:
             return skip[index]
+        if deadline_ns is not None and time.monotonic_ns() >= deadline_ns:
+            return OUT_OF_TIME
         mark(index)
         return None
 

@@ -37,41 +37,9 @@ import weakref
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from rcgrpo.bfcl.observations import DEFAULT_MAX_CHARS, set_max_chars
+from rcgrpo.bfcl.limits import EnvConfig
+from rcgrpo.bfcl.observations import set_max_chars
 from rcgrpo.bfcl.progress import IDLE, LAYOUT, OOM, TRUSTED, Failure
-from rcgrpo.fields import config_class, ranged
-
-
-@config_class
-class EnvConfig:
-    """params.yaml `env:` — limits of one tool call (rcgrpo.bfcl.sandbox)."""
-
-    tool_timeout_s: float = ranged(
-        5.0, "(0, inf)", "wall-clock limit of one tool call; then the worker is killed (SIGKILL)"
-    )
-    tool_memory_mb: int = ranged(
-        4096, "[256, inf)", "address-space limit (RLIMIT_AS) of the tool worker process"
-    )
-    max_observation_chars: int = ranged(
-        DEFAULT_MAX_CHARS,
-        "[256, inf)",
-        "a tool observation is cut to this many characters in the worker (+ a marker)",
-    )
-
-    def __post_init__(self):
-        if (hard := hard_memory_mb()) is not None and self.tool_memory_mb > hard:
-            raise ValueError(  # a worker cannot raise its limit above the hard one: every call failed
-                f"env.tool_memory_mb={self.tool_memory_mb} is above this process's hard "
-                f"address-space limit of {hard} MiB (ulimit -v); set env.tool_memory_mb <= {hard}"
-            )
-
-
-def hard_memory_mb() -> int | None:
-    """The hard RLIMIT_AS in MiB, None when unlimited (or not on this platform)."""
-    import resource
-
-    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-    return None if hard == resource.RLIM_INFINITY else hard // 2**20
 
 
 class SandboxError(RuntimeError):
@@ -154,15 +122,22 @@ class Sandbox:
         """The worker's pid (None before the first request)."""
         return self._proc.pid if self._proc is not None else None
 
-    def _wait(self, sent_at: int):
-        """The worker's reply, or _Killed once the running call overruns or the worker dies."""
+    def _wait(self, sent_at: int, deadline_ns: int | None = None):
+        """The worker's reply, or _Killed once the running call overruns (its own limit, or for
+        a model call the message's `deadline_ns`) or the worker dies."""
         limit_ns = int(self.config.tool_timeout_s * 1e9)
         while True:
             index, started, _ = LAYOUT.unpack_from(self._progress, 0)
-            left = (max(started, sent_at) + limit_ns - time.monotonic_ns()) / 1e9
+            end = max(started, sent_at) + limit_ns
+            budget = deadline_ns is not None and index >= 0 and deadline_ns < end
+            left = ((deadline_ns if budget else end) - time.monotonic_ns()) / 1e9
             if index != IDLE and left <= 0:
                 self._stop()
-                why = f"timed out after {self.config.tool_timeout_s:g}s"
+                why = (
+                    "timed out: time budget"
+                    if budget
+                    else (f"timed out after {self.config.tool_timeout_s:g}s")
+                )
                 raise _Killed(index, why)
             if self._in.poll(max(left, 0.001) if index != IDLE else 0.05):
                 try:
@@ -182,7 +157,7 @@ class Sandbox:
             why = f"the tool process died (exit status {code})"
         raise _Killed(index, why)
 
-    def request(self, op: str, tasks: list, make_args, retries: int = 3):
+    def request(self, op: str, tasks: list, make_args, retries: int = 3, deadline_ns=None):
         """Send one request; on a kill, restart the worker and resend with the call skipped.
         Returns (reply, indices of the skipped calls).
 
@@ -203,7 +178,7 @@ class Sandbox:
                 try:
                     sent_at = time.monotonic_ns()
                     self._out.send(message)
-                    reply = self._wait(sent_at)
+                    reply = self._wait(sent_at, deadline_ns)
                 except (BrokenPipeError, OSError):  # died while idle (an outside kill)
                     self._stop()
                     self._proc = None
@@ -238,15 +213,17 @@ class Sandbox:
         self._drops.append(eid)
         self._live.discard(eid)
 
-    def run_step(self, eid: int, task, log: list, calls: list, want: str | None = None):
+    def run_step(self, eid: int, task, log: list, calls: list, want=None, deadline_ns=None):
         """Execute `calls` in episode `eid`; returns (observations, ok, extra, overran: per call,
-        True for a call that was killed or not run; those are not part of the state)."""
+        True for a call that was killed or not run; those are not part of the state). A call
+        that would start at `deadline_ns` or later is not run; one running then is stopped."""
 
         def make_args(skip):
             replay = None if eid in self._live else list(log)
-            return id(task), eid, replay, calls, dict(skip), want
+            return id(task), eid, replay, calls, dict(skip), want, deadline_ns
 
-        (observations, ok, extra, overran), _ = self.request("episode", [task], make_args)
+        out, _ = self.request("episode", [task], make_args, deadline_ns=deadline_ns)
+        observations, ok, extra, overran = out
         self._live.add(eid)
         return observations, ok, extra, overran
 

@@ -36,13 +36,13 @@ def _serve(conn_in: Connection, conn_out: Connection) -> None:
         tasks.update(new_tasks)
         try:
             if op == "episode":
-                task_key, eid, replay, calls, skip, want = args
+                task_key, eid, replay, calls, skip, want, deadline_ns = args
                 if replay is not None:  # (re)build from the initial config + earlier calls
                     episode = episodes[eid] = LocalEpisode(tasks[task_key], hide_missed=False)
                     episode.guard = trusted_guard
                     episode.step(replay)
                 episode = episodes[eid]
-                episode.guard = model_guard(skip)
+                episode.guard = model_guard(skip, deadline_ns)
                 step = episode.step(calls)
                 extra = None
                 if want == "state":

@@ -1,0 +1,56 @@
+"""The `env:` section of params.yaml: what one tool call, one model message and one episode may
+cost in the tool sandbox (rcgrpo.bfcl.sandbox enforces it; rcgrpo.bfcl.environment keeps the
+episode's account).
+
+Why budgets per message and per episode on top of the per-call limit: one message may hold 64
+calls, each just under the call limit (`[power(base=3, exponent=12000000)] x 20` took 103 s at
+2.6 s a call), and an episode holds up to 20 messages a turn. Calls left when a budget runs out
+are answered "not run: time budget" and never run; the call running at that moment is stopped.
+The defaults are far above what a task needs: all 800 ground truths run in ~1 min in one process
+(75 ms a task), and the slowest legitimate call is far under a second.
+
+    rcgrpo config show env
+"""
+
+from __future__ import annotations
+
+from rcgrpo.bfcl.observations import DEFAULT_MAX_CHARS
+from rcgrpo.fields import config_class, ranged
+
+
+@config_class
+class EnvConfig:
+    """params.yaml `env:` — limits of the tool calls (rcgrpo.bfcl.sandbox enforces them)."""
+
+    tool_timeout_s: float = ranged(
+        5.0, "(0, inf)", "wall-clock limit of one tool call; then the worker is killed (SIGKILL)"
+    )
+    tool_memory_mb: int = ranged(
+        4096, "[256, inf)", "address-space limit (RLIMIT_AS) of the tool worker process"
+    )
+    max_observation_chars: int = ranged(
+        DEFAULT_MAX_CHARS,
+        "[256, inf)",
+        "a tool observation is cut to this many characters in the worker (+ a marker)",
+    )
+    message_timeout_s: float = ranged(
+        30.0, "(0, inf)", "tool time of one model message; calls left then are not run"
+    )
+    episode_timeout_s: float = ranged(
+        300.0, "(0, inf)", "tool time of one episode; calls left then are not run"
+    )
+
+    def __post_init__(self):
+        if (hard := hard_memory_mb()) is not None and self.tool_memory_mb > hard:
+            raise ValueError(  # a worker cannot raise its limit above the hard one: every call failed
+                f"env.tool_memory_mb={self.tool_memory_mb} is above this process's hard "
+                f"address-space limit of {hard} MiB (ulimit -v); set env.tool_memory_mb <= {hard}"
+            )
+
+
+def hard_memory_mb() -> int | None:
+    """The hard RLIMIT_AS in MiB, None when unlimited (or not on this platform)."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    return None if hard == resource.RLIM_INFINITY else hard // 2**20
