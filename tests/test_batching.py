@@ -44,6 +44,22 @@ def test_micro_batches_by_tokens_hand_computed():
         micro_batches(L, 0)
 
 
+def test_micro_batches_capped_by_sampled_positions_hand_computed():
+    """L (longest first: 1, 3, 2, 5, 0, 4) with S sampled positions each: a cap of 30 splits
+    what the token budget alone keeps together (the LM head's work grows with the sampled share)."""
+    S = [10, 30, 5, 10, 1, 1]
+    # padded, budget 80: 1 holds 30 sampled, alone; [3, 2] = 2 x 40 tokens, 15 sampled; 5 starts
+    # a run (3 x 40 > 80): [5, 0, 4] = 3 x 12 tokens, 1 + 10 + 1 sampled
+    assert micro_batches(L, 80, sampled=S, max_sampled=30) == [[1], [3, 2], [5, 0, 4]]
+    # packed (bins of 80 tokens, 30 sampled; first fit decreasing): bin 0 = [1] is full of
+    # sampled positions; [3, 2, 5] = 77 tokens, 16 sampled; 0 (10 tokens) fits neither
+    assert micro_batches(L, 80, True, S, 30) == [[1], [3, 2, 5], [0, 4]]
+    # no cap (0) or no counts: the token budget alone
+    assert micro_batches(L, 80, sampled=S) == micro_batches(L, 80) == [[1, 3], [2, 5, 0], [4]]
+    # a sequence over the cap runs alone
+    assert micro_batches([10, 10], 100, sampled=[50, 1], max_sampled=20) == [[0], [1]]
+
+
 def test_minibatch_indices_by_tokens_keeps_the_mini_batches():
     lengths = [7, 30, 12, 12, 50, 3, 8, 21, 40, 9, 16, 5]
     args = (12, 6, 3, 2)  # n, mini-batch, micro-batch, passes
@@ -173,6 +189,25 @@ def test_rl_token_budget_equals_padded_micro_batches(tmp_path):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
     assert all(
         b["train/pad_frac"] < 0.5 * a["train/pad_frac"] for a, b in zip(count, budget, strict=True)
+    )
+
+
+def test_rl_sampled_cap_splits_micro_batches_and_keeps_the_update(tmp_path):
+    """The same 2 RL steps under the token budget, with and without a cap of 8 sampled
+    positions per micro-batch: more micro-batches, the same weights to 1e-6."""
+    free_model, free = rl_run(tmp_path / "free", max_tokens_per_micro_batch=64)
+    cap_model, cap = rl_run(
+        tmp_path / "cap", max_tokens_per_micro_batch=64, max_sampled_per_micro_batch=8
+    )
+    for a, b in zip(free, cap, strict=True):
+        for key in a:
+            if not key.startswith(("perf/", "train/")):
+                assert a[key] == pytest.approx(b[key], abs=1e-6), key
+    for p, q in zip(free_model.parameters(), cap_model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+    assert free[-1]["loss/grad_norm"] > 0
+    assert all(
+        b["train/micro_batches"] > a["train/micro_batches"] for a, b in zip(free, cap, strict=True)
     )
 
 

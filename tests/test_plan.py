@@ -227,3 +227,21 @@ def test_plan_formula_predicts_the_measured_peak_of_the_mix():
     ratio = float(re.search(r"token-budget/padded peak memory: ([\d.]+)", out.stdout).group(1))
     assert 0.75 <= measured <= 1.25, out.stdout
     assert ratio <= 0.5, out.stdout
+
+
+def test_a_sampled_cap_is_counted_and_its_excess_named():
+    """rl.max_sampled_per_micro_batch bounds the LM head's positions per forward: the plan counts
+    the cap instead of the assumed share, and when the cap is what does not fit it says how far
+    to lower it (the token budget is not the culprit then)."""
+    base = [sys.executable, "-m", "rcgrpo.cli", "plan", "--profile", "qwen2.5-7b-instruct",
+            "--preset", "paper", "--gpus", "8", "--gpu-memory", "80", "--set"]  # fmt: skip
+    big = subprocess.run(base + ["rl.max_sampled_per_micro_batch=20000"], capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert big.returncode == 2
+    said = big.stderr.strip().splitlines()[-1]
+    assert said.startswith("error: rl: 20,000 sampled positions per micro-batch need ")
+    lower = int(said.rsplit("<= ", 1)[1].replace(",", ""))
+    assert 8000 < lower < 20000
+    ok = subprocess.run(base + [f"rl.max_sampled_per_micro_batch={lower}"], capture_output=True,
+                        text=True, timeout=300)  # fmt: skip
+    assert ok.returncode == 0 and "fits: yes" in ok.stdout

@@ -13,6 +13,9 @@ A micro-batch's memory is set by the tokens it computes, not by how many sequenc
   every micro-batch but one holding a single longer sequence (`rcgrpo plan` sizes memory for
   max(budget, longest episode)). The longest micro-batch comes first: a budget too large for
   the GPU fails on the first forward of the first step, not hours in.
+  With `max_sampled`, a micro-batch also holds at most that many sampled (loss) positions: a
+  budget-filled micro-batch of mostly sampled rows is split, so the head's memory stays what
+  `rcgrpo plan` counts (`rl.max_sampled_per_micro_batch`).
 * `fixed_micro_batches(n, size)`: the count-based split (`micro_batch_size` sequences each,
   in the given order), what `max_tokens_per_micro_batch: 0` keeps.
 * `pad_frac(lengths, groups, packed)`: the share of computed positions that are padding,
@@ -35,35 +38,54 @@ def by_length(lengths: Sequence[int]) -> list[int]:
     return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
 
 
-def micro_batches(lengths: Sequence[int], max_tokens: int, packed: bool = False) -> list[list[int]]:
-    """Indices into `lengths` grouped into micro-batches of at most `max_tokens` computed tokens.
+def micro_batches(
+    lengths: Sequence[int],
+    max_tokens: int,
+    packed: bool = False,
+    sampled: Sequence[int] | None = None,
+    max_sampled: int = 0,
+) -> list[list[int]]:
+    """Indices into `lengths` grouped into micro-batches of at most `max_tokens` computed tokens
+    and, with `max_sampled` > 0, at most `max_sampled` sampled (loss) positions (`sampled[i]` of
+    sequence i: the LM head's work and its activations grow with them, not with the tokens).
 
     padded: runs of the longest-first order, k sequences costing k x the first one's length;
     packed: first-fit decreasing into bins of `max_tokens` (sum of lengths). Every index appears
-    exactly once; inside a micro-batch the indices are in longest-first order.
+    exactly once; inside a micro-batch the indices are in longest-first order. A sequence over
+    either cap runs alone.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    cap = max_sampled if max_sampled > 0 and sampled is not None else 0
     order = by_length(lengths)
     groups: list[list[int]] = []
+    used: list[int] = []  # sampled positions in each micro-batch
     if packed:
         room: list[int] = []  # tokens left in each open bin
         for i in order:
-            n = lengths[i]
-            fit = next((b for b, r in enumerate(room) if n <= r), None)
+            n, s = lengths[i], sampled[i] if cap else 0
+            fit = next(
+                (b for b, r in enumerate(room) if n <= r and (not cap or used[b] + s <= cap)), None
+            )
             if fit is None:
                 groups.append([i])
                 room.append(max_tokens - n)  # negative for a sequence longer than the budget
+                used.append(s)
             else:
                 groups[fit].append(i)
                 room[fit] -= n
+                used[fit] += s
         return groups
     for i in order:
         # the run's first member is its longest: adding one more costs (k + 1) x that length
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
+        s = sampled[i] if cap else 0
+        tokens_ok = groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens
+        if tokens_ok and (not cap or used[-1] + s <= cap):
             groups[-1].append(i)
+            used[-1] += s
         else:
             groups.append([i])
+            used.append(s)
     return groups
 
 

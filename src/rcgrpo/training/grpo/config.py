@@ -46,6 +46,12 @@ class RLConfig:
         "tokens per forward pass, rollouts sorted by length and packed (sized by rcgrpo plan); "
         "0 = by count",
     )
+    max_sampled_per_micro_batch: int = ranged(
+        0,
+        "[0, inf)",
+        "with the token budget: sampled (loss) positions per forward pass, the LM head's work "
+        "(rcgrpo plan sizes memory for it); 0 = no cap of its own",
+    )
     lr: float = ranged(1e-6, "(0, 1]", "AdamW learning rate (paper: 1e-6), constant after warmup")
     lr_lora: float = ranged(
         0.0, "[0, 1]", "AdamW learning rate of a LoRA policy; 0 = lr (paper preset: 10x lr)"

@@ -208,6 +208,8 @@ def minibatch_indices(
     lengths: Sequence[int] | None = None,
     max_tokens: int = 0,
     packed: bool = False,
+    sampled: Sequence[int] | None = None,
+    max_sampled: int = 0,
 ) -> list[list[list[torch.Tensor]]]:
     """PPO's schedule over a batch of n rollouts: `epochs` passes, each a list of mini-batches
     (one optimizer step each), each a list of micro-batch index tensors (one forward each).
@@ -219,8 +221,9 @@ def minibatch_indices(
 
     Micro-batches: `micro_batch_size` rollouts each, in order; or, with max_tokens > 0 and the
     rollouts' `lengths` (tokens), the mini-batch's rollouts sorted by length and packed up to
-    max_tokens computed tokens (rcgrpo.training.batching.micro_batches; `packed`: the forward
-    concatenates them without padding). The mini-batches are the same either way.
+    max_tokens computed tokens and at most `max_sampled` of the rollouts' `sampled` positions
+    (rcgrpo.training.batching.micro_batches; `packed`: the forward concatenates them without
+    padding). The mini-batches are the same either way.
     """
     from rcgrpo.training.batching import micro_batches
 
@@ -230,7 +233,9 @@ def minibatch_indices(
     def split(idx: torch.Tensor) -> list[torch.Tensor]:
         if not max_tokens:
             return list(idx.split(micro_batch_size))
-        groups = micro_batches([lengths[i] for i in idx.tolist()], max_tokens, packed)
+        rows = idx.tolist()
+        counts = [sampled[i] for i in rows] if sampled is not None else None
+        groups = micro_batches([lengths[i] for i in rows], max_tokens, packed, counts, max_sampled)
         return [idx[torch.tensor(g)] for g in groups]
 
     mini = min(mini_batch_size or n, n)

@@ -194,6 +194,8 @@ class Trainer:
             lengths,
             cfg.max_tokens_per_micro_batch,
             packed,
+            [int(r.loss_mask.sum()) for r in out.rollouts],
+            cfg.max_sampled_per_micro_batch,
         )
         use_ref = (self.ref_model is not None or self.ref_adapter is not None) and cfg.kl_coef > 0
         # pi_old and the reference sharded like the update: this rank's micro-batches of the
@@ -234,6 +236,7 @@ class Trainer:
         )
         groups = [c.tolist() for one_pass in passes for mini in one_pass for c in mini]
         metrics["train/pad_frac"] = batching.pad_frac(lengths, groups, packed)
+        metrics["train/micro_batches"] = float(len(groups))  # update forwards, all passes
         return metrics
 
     # -- the loop ---------------------------------------------------------------------------------

@@ -136,7 +136,9 @@ def make_plan(
     budget = rl.max_tokens_per_micro_batch
     rl_tok = max(budget, longest) if budget else rl.micro_batch_size * longest
     ref = rl.kl_coef > 0
-    upd = _trainer(arch, b, lora_params, gpus, ref, rl_tok, math.ceil(share * rl_tok), ckpt, layer)
+    cap = rl.max_sampled_per_micro_batch  # a bound the batching keeps, else the assumed share
+    sampled = min(cap, rl_tok) if cap and budget else math.ceil(share * rl_tok)
+    upd = _trainer(arch, b, lora_params, gpus, ref, rl_tok, sampled, ckpt, layer)
     idle = _idle(arch, b, lora_params, gpus, ref)
     title = (
         f"micro-batch of {rl_tok:,} tokens (rl.max_tokens_per_micro_batch {budget:,}, "
@@ -198,6 +200,19 @@ def make_plan(
                 "trainer: set rollout.engine=vllm (paged KV, shared prefixes)"
             )
     need = M.total(upd) + M.total(beside)
+
+    def fits(n: int) -> bool:  # the update with n sampled positions, beside what stays
+        terms = _trainer(arch, b, lora_params, gpus, ref, rl_tok, n, ckpt, layer)
+        return M.total(terms) + M.total(beside) <= usable
+
+    if need > usable and cap and budget and fits(0):  # the sampled cap is what does not fit
+        lo, hi = 0, sampled  # the most sampled positions that fit: fits(lo), not fits(hi)
+        while hi - lo > 1:
+            lo, hi = ((lo + hi) // 2, hi) if fits((lo + hi) // 2) else (lo, (lo + hi) // 2)
+        plan.problems.append(
+            f"rl: {sampled:,} sampled positions per micro-batch need {need / C.GB:.0f} GB per "
+            f"GPU, {usable / C.GB:.1f} GB usable: set rl.max_sampled_per_micro_batch <= {lo:,}"
+        )
     if need > usable and not any(p.startswith("rl:") for p in plan.problems):
         fit = M.largest_tokens(
             arch, b, ckpt, share, usable - M.total(idle) - M.total(beside), layer
