@@ -29,6 +29,7 @@ import functools
 import importlib
 import inspect
 import pickle
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -100,6 +101,8 @@ class Step:
     overran: list[bool] = field(default_factory=list)  # per call: killed by a limit (no effect)
     # per call: handed to the tool and not killed (what ran, so what the checkers replay)
     executed: list[bool] = field(default_factory=list)
+    # per call: wall seconds in the tool worker (guard + dispatch; 0.0 for one refused here)
+    seconds: list[float] = field(default_factory=list)
 
     @property
     def attempted(self) -> bool:
@@ -189,8 +192,9 @@ class LocalEpisode(_Turns):
         """Parse (if text) and execute one model step."""
         parsed = self._parse(text_or_calls)
         functions = self.available()
-        observations, ok, overran = [], [], []
+        observations, ok, overran, seconds = [], [], [], []
         for call in parsed.calls:
+            started = time.perf_counter()
             answer = self.guard() if self.guard is not None else None
             if any(overran) and answer is None:  # one overrun ends the step: a message of 64
                 answer = STEP_ENDED  # hostile calls must not cost 64 limits
@@ -203,13 +207,14 @@ class LocalEpisode(_Turns):
                 out_of_memory()  # in a worker: report and exit (the parent restores the state)
             observations.append(valid_utf8(observation))
             ok.append(ran)
+            seconds.append(time.perf_counter() - started)
         observations += [
             valid_utf8(f"Error: could not parse tool call: {e}") for e in parsed.errors
         ]
         executed = [
             c.name in functions and not o for c, o in zip(parsed.calls, overran, strict=True)
         ]
-        return Step(parsed.calls, observations, ok, parsed.errors, overran, executed)
+        return Step(parsed.calls, observations, ok, parsed.errors, overran, executed, seconds)
 
     def state(self) -> dict[str, dict]:
         """Public state of every involved instance (live objects: copy before keeping)."""
@@ -246,30 +251,33 @@ class Episode(_Turns):
 
     def _run(self, calls: list[Call], want: str | None = None):
         sandbox = self.sandbox
-        observations, ok, extra, overran = sandbox.run_step(
+        observations, ok, extra, overran, seconds = sandbox.run_step(
             self._id, self.task, self._log, calls, want
         )
         self._log += [c for c, o in zip(calls, overran, strict=True) if not o]
-        return observations, ok, extra, overran
+        return observations, ok, extra, overran, seconds
 
     def step(self, text_or_calls: str | list[Call]) -> Step:
         """Parse (if text) and execute one model step in the worker."""
         parsed = self._parse(text_or_calls)
         functions = self.available()
         runnable = [c for c in parsed.calls if c.name in functions and not c.name.startswith("_")]
-        observations, ok, _, overran = self._run(runnable) if runnable else ([], [], None, [])
-        results = iter(zip(observations, ok, overran, strict=True))
+        observations, ok, _, overran, seconds = (
+            self._run(runnable) if runnable else ([], [], None, [], [])
+        )
+        results = iter(zip(observations, ok, overran, seconds, strict=True))
         step = Step(parsed.calls, [], [], parsed.errors)
         for call in parsed.calls:
             if call.name in functions and not call.name.startswith("_"):
-                observation, ran, overran = next(results)
+                observation, ran, overran, took = next(results)
             else:  # the same refusal as dispatch gives, without a round trip
                 observation = f"Error during execution: function {call.name!r} is not available"
-                ran, overran = False, False
+                ran, overran, took = False, False, 0.0
             step.observations.append(valid_utf8(observation))
             step.ok.append(ran)
             step.overran.append(overran)
             step.executed.append(call.name in functions and not overran)
+            step.seconds.append(took)
         step.observations += [
             valid_utf8(f"Error: could not parse tool call: {e}") for e in parsed.errors
         ]

@@ -232,16 +232,17 @@ class Sandbox:
         self._live.discard(eid)
 
     def run_step(self, eid: int, task, log: list, calls: list, want: str | None = None):
-        """Execute `calls` in episode `eid`; returns (observations, ok, extra, overran: per call,
-        True for a call that was killed or not run; those are not part of the state)."""
+        """Execute `calls` in episode `eid`; returns (observations, ok, extra, overran, seconds):
+        overran per call, True for a call that was killed or not run (not part of the state);
+        seconds per call, its wall time in the worker."""
 
         def make_args(skip):
             replay = None if eid in self._live else list(log)
             return id(task), eid, replay, calls, dict(skip), want
 
-        (observations, ok, extra, overran), _ = self.request("episode", [task], make_args)
+        (observations, ok, extra, overran, seconds), _ = self.request("episode", [task], make_args)
         self._live.add(eid)
-        return observations, ok, extra, overran
+        return observations, ok, extra, overran, seconds
 
 
 _ALL: weakref.WeakSet[Sandbox] = weakref.WeakSet()
