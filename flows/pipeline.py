@@ -33,6 +33,7 @@ from rcgrpo.runtime import apply_defaults, project_root
 from rcgrpo.tracking import registry
 from rcgrpo.tracking import runs as tracking
 from rcgrpo.tracking.orphans import fail_killed_pipelines
+from rcgrpo.tracking.retention import prune_after_run
 
 apply_defaults()
 
@@ -149,6 +150,7 @@ def pipeline_flow(
             out.get("rl_tasks") or {},
             rl_traces,
         )
+    out["pruned"] = prune_after_run(project_root(), rc)  # retention:, still under the lock
     print(json.dumps(out, indent=1, default=str))
     return out
 
