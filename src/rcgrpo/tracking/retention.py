@@ -5,7 +5,8 @@ out_dir (rcgrpo.training.checkpoint.prune), MLflow runs with their artifacts and
 and DVC data versions (rcgrpo.data.retention). `rcgrpo prune` runs it; every pipeline run
 (`rcgrpo run`, the scheduled ones) runs it last, under the run lock.
 
-MLflow: a pipeline run and the stage runs below it are one family, kept or removed together.
+MLflow: a top-level run (a pipeline run, or a standalone `rcgrpo train`) and the runs below it
+are one family, kept or removed together.
 Families beyond the newest `mlflow_keep_runs`, or started more than `mlflow_max_age_days` ago,
 are removed: their traces (`delete_traces`), then the runs (`delete_run`), then for good with
 their artifacts (`mlflow gc`). Never removed: a family holding the run of a registered model
@@ -35,7 +36,9 @@ class RetentionConfig:
         3, "[0, inf)", "step_* checkpoints kept per stage out_dir, earlier runs' removed (0 = all)"
     )
     mlflow_keep_runs: int = ranged(
-        0, "[0, inf)", "pipeline runs (with their stage runs) kept per experiment (0 = all)"
+        0,
+        "[0, inf)",
+        "top-level MLflow runs (each with its stage runs) kept per experiment (0 = all)",
     )
     mlflow_max_age_days: float = ranged(
         0.0, "[0, inf)", "MLflow runs older than this are removed (0 = no age limit)"
