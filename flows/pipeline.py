@@ -32,6 +32,7 @@ from rcgrpo.run_lock import hold as hold_run_lock
 from rcgrpo.runtime import apply_defaults, project_root
 from rcgrpo.tracking import orphans, registry
 from rcgrpo.tracking import runs as tracking
+from rcgrpo.tracking.retention import prune_after_run
 
 apply_defaults()
 
@@ -166,6 +167,7 @@ def pipeline_flow(
             rl_traces,
         )
         orphans.finished(state)
+    out["pruned"] = prune_after_run(project_root(), rc)  # retention:, still under the lock
     print(json.dumps(out, indent=1, default=str))
     return out
 

@@ -395,3 +395,25 @@ def test_vllm_full_finetune_syncs_by_restart(policy, tasks):
         assert [r.ids for r in after] == [r.ids for r in hf]
     finally:
         engine.close()
+
+
+def test_episodes_carry_their_measured_clock(policy, tasks):
+    """Each episode of a real batched HF rollout records when each message was asked for and
+    sampled (rcgrpo.rollout.clock): one entry per assistant message, in order, inside the
+    episode's own window, inside the engine call's wall time."""
+    import time
+
+    cfg = RolloutConfig(protocol="bfcl", max_new_tokens=12, max_total_tokens=1500)
+    started = time.time_ns()
+    rollouts = make_engine(cfg, policy).rollout(tasks[:3], HIGH, seed=0)
+    ended = time.time_ns()
+    for r in rollouts:
+        t = r.timing
+        entries = t["messages"]
+        assert len(entries) == sum(m["role"] == "assistant" for m in r.messages) >= 1
+        assert started <= t["start"] <= entries[0][0] and entries[-1][1] <= t["end"] <= ended
+        for asked, sampled, tools_start, tools_end, seconds in entries:
+            assert asked < sampled <= tools_start <= tools_end
+            assert all(s is None or s >= 0 for s in seconds)
+        starts = [e[0] for e in entries]
+        assert starts == sorted(starts)

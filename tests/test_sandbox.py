@@ -92,10 +92,10 @@ def test_corpus_covers_every_api_class():
 def _methods(class_name: str) -> set[str]:
     import importlib
 
-    from rcgrpo.bfcl.environment import _backend, _public_method_names
+    from rcgrpo.bfcl.instances import backend, public_method_names
 
-    cls = getattr(importlib.import_module(_backend()[0][class_name]), class_name)
-    return set(_public_method_names(cls))
+    cls = getattr(importlib.import_module(backend()[0][class_name]), class_name)
+    return set(public_method_names(cls))
 
 
 @pytest.mark.parametrize("case", CORPUS, ids=[c[2][:40] for c in CORPUS])

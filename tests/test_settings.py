@@ -178,6 +178,13 @@ BAD = {
         "eval_every": ("-1", "must be in [0, inf)"),
         "max_chars": ("-5", "must be in [0, inf)"),
     },
+    "retention": {
+        "keep_last_checkpoints": ("-1", "must be in [0, inf)"),
+        "mlflow_keep_runs": ("-3", "must be in [0, inf)"),
+        "mlflow_max_age_days": ("-0.5", "must be in [0, inf)"),
+        "dvc_keep_commits": ("-1", "must be in [0, inf)"),
+        "dvc_cloud": ("maybe", "must be true or false"),
+    },
 }
 ROWS = [(s, f, raw, says) for s, fields in BAD.items() for f, (raw, says) in fields.items()]
 

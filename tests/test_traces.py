@@ -231,7 +231,7 @@ def test_rl_hook_traces_sampled_steps_with_what_was_trained(renderer, mlflow_sto
     (t,) = find_traces(run.info.run_id, rl_step="3", outcome="failure")
     root = spans_of(t)["AGENT"][0]
     assert root.attributes["advantage"] == -1.0 and root.attributes["policy_version"] == 2
-    assert t.info.execution_duration == 250  # the step's rollout wall time
+    assert t.info.execution_duration == (bad.timing["end"] - bad.timing["start"]) // 1_000_000
 
 
 def test_a_failing_store_does_not_stop_training(renderer, mlflow_store):
@@ -249,6 +249,55 @@ def test_a_failing_store_does_not_stop_training(renderer, mlflow_store):
 
 
 # -- report, URLs, experiment kind -------------------------------------------------------------
+
+
+def test_call_windows_by_hand():
+    """Measured calls end to end; a killed call (None) takes what is left of the step."""
+    from rcgrpo.tracking.episodes import call_windows
+
+    assert call_windows(0, 100, [10e-9, 20e-9]) == [(0, 10), (10, 30)]
+    assert call_windows(0, 100, [10e-9, None, None]) == [(0, 10), (10, 55), (55, 100)]
+    assert call_windows(5, 5, []) == []
+
+
+def test_timed_spans_are_measured_per_message_and_call(renderer, mlflow_store):
+    """A real episode whose "model" takes a different pause before each message: its LLM spans
+    last at least those pauses, its TOOL spans are the worker's own times (not equal slices),
+    no two children overlap, and all lie within the episode's measured wall time."""
+    from rcgrpo.tracking import runs as tracking
+    from rcgrpo.tracking.traces import EpisodeTracer, find_traces
+
+    pauses = [0.02, 0.06, 0.01, 0.04, 0.03]  # seconds before each of the 5 messages
+    started = time.time_ns()
+    loop = AgentLoop(get_task(TASK), renderer, "combined", HIGH, Limits(64, 4096, 6), True)
+    for text, pause in zip(expert_messages(), pauses, strict=True):
+        time.sleep(pause)
+        ids = [*renderer.encode(text), renderer.stop_id]
+        loop.feed(ids, [LP] * len(ids))
+    (good,) = results([loop])
+    ended = time.time_ns()
+    with tracking.start_run("eval") as run:
+        tracer = EpisodeTracer(run.info.run_id, TracesConfig())
+        batch = (ended, ended + 10**10)  # a batch window the measured spans must not use
+        tracer.write([(good, "timed", {}, {"task_id": TASK}, batch)])
+    (t,) = find_traces(run.info.run_id)
+    kinds = spans_of(t)
+    (root,) = kinds["AGENT"]
+    assert started <= root.start_time_ns < root.end_time_ns <= ended
+
+    def ms(span) -> float:
+        return (span.end_time_ns - span.start_time_ns) / 1e6
+
+    llm = sorted(kinds["LLM"], key=lambda s: s.start_time_ns)
+    assert [ms(s) >= p * 1e3 for s, p in zip(llm, pauses, strict=True)] == [True] * 5
+    assert len({ms(s) for s in llm}) == 5
+    tools = [s for s in kinds["TOOL"] if s.inputs["call"] != "done()"]  # done() never runs
+    assert len(tools) == 6 and all(ms(s) > 0 for s in tools) and len({ms(s) for s in tools}) > 1
+    children = sorted(llm + kinds["TOOL"], key=lambda s: s.start_time_ns)
+    for before, after in zip(children, children[1:], strict=False):
+        assert before.end_time_ns <= after.start_time_ns  # in order, never overlapping
+    assert sum(ms(s) for s in children) <= ms(root)
+    assert t.info.execution_duration == int(ms(root))
 
 
 def test_report_names_one_success_and_one_failure_per_task():

@@ -98,6 +98,7 @@ SECTIONS = {
     "env": "rcgrpo.bfcl.limits:EnvConfig",
     "execution": "rcgrpo.rollout.execution:ExecutionConfig",
     "traces": "rcgrpo.tracking.traces:TracesConfig",
+    "retention": "rcgrpo.tracking.retention:RetentionConfig",
 }
 
 

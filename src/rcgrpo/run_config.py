@@ -60,6 +60,7 @@ class RunConfig:
     env: Any
     execution: Any
     traces: Any
+    retention: Any
     plan: Plan = Plan()
 
     @property

@@ -161,10 +161,10 @@ def _default_snapshot() -> tuple[tuple, ...]:
     once, before bfcl-eval's first run in this process."""
     import importlib
 
-    from rcgrpo.bfcl.environment import _backend
+    from rcgrpo.bfcl.instances import backend
     from rcgrpo.bfcl.tasks import FUNC_DOC_FILES
 
-    modules, _ = _backend()
+    modules, _ = backend()
     out = []
     for class_name in FUNC_DOC_FILES:
         cls = getattr(importlib.import_module(modules[class_name]), class_name)

@@ -25,70 +25,20 @@ an error observation) until the turn that reveals it; that turn's user message i
 
 from __future__ import annotations
 
-import functools
 import importlib
-import inspect
-import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rcgrpo.bfcl.dispatch import dispatch
 from rcgrpo.bfcl.executor import Call, Parsed, parse_calls
+from rcgrpo.bfcl.instances import backend, new_instances, public_method_names, public_state
 from rcgrpo.bfcl.observations import shown, valid_utf8
 from rcgrpo.bfcl.progress import OUT_OF_TIME
 from rcgrpo.bfcl.tasks import REVEAL_MESSAGE, Task
 
 STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT
 STEP_ENDED = "Error during execution: not run (an earlier call of this step overran its limit)"
-
-
-@functools.cache
-def _backend():
-    """bfcl-eval's class -> module map and stateless classes (imported once, read-only)."""
-    from bfcl_eval.constants.executable_backend_config import (
-        CLASS_FILE_PATH_MAPPING,
-        STATELESS_CLASSES,
-    )
-
-    return CLASS_FILE_PATH_MAPPING, frozenset(STATELESS_CLASSES)
-
-
-@functools.cache
-def _public_method_names(cls: type) -> tuple[str, ...]:
-    """Public methods of an API class, as bfcl-eval lists them (no leading underscore)."""
-    return tuple(
-        name
-        for name, member in inspect.getmembers(cls, inspect.isfunction)
-        if not name.startswith("_")
-    )
-
-
-@functools.lru_cache(maxsize=4096)
-def _loaded_instance_blob(task: Task, class_name: str) -> bytes:
-    """One instance of `class_name` loaded with the task's initial_config, pickled.
-
-    Unpickling gives a fresh, independent instance in the same state as a new `cls()` +
-    `_load_scenario(deepcopy(config))` (the API classes are plain objects, their RNGs included),
-    at a fraction of the cost: `_load_scenario` deep-copies large default states. The task's
-    own config dict is never handed to API code. Memoised: immutable bytes.
-    """
-    modules, stateless = _backend()
-    instance = getattr(importlib.import_module(modules[class_name]), class_name)()
-    if class_name not in stateless:
-        config = pickle.loads(pickle.dumps(task.initial_config.get(class_name, {})))
-        instance._load_scenario(config, long_context=task.long_context)
-    return pickle.dumps(instance, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def new_instances(task: Task) -> dict[str, object]:
-    """Fresh instances of the task's involved classes, loaded with its initial_config."""
-    return {name: pickle.loads(_loaded_instance_blob(task, name)) for name in task.involved_classes}
-
-
-def public_state(instance: object) -> dict:
-    """The attributes bfcl-eval's state checker compares (all not starting with `_`)."""
-    return {k: v for k, v in vars(instance).items() if not k.startswith("_")}
 
 
 @dataclass
@@ -102,6 +52,8 @@ class Step:
     overran: list[bool] = field(default_factory=list)  # per call: killed by a limit (no effect)
     # per call: handed to the tool and not killed (what ran, so what the checkers replay)
     executed: list[bool] = field(default_factory=list)
+    # per call: wall seconds in the tool worker (guard + dispatch; 0.0 for one refused here)
+    seconds: list[float] = field(default_factory=list)
 
     @property
     def attempted(self) -> bool:
@@ -184,15 +136,16 @@ class LocalEpisode(_Turns):
         self._all = {
             name: getattr(instance, name)
             for instance in self.instances.values()
-            for name in _public_method_names(type(instance))
+            for name in public_method_names(type(instance))
         }
 
     def step(self, text_or_calls: str | list[Call]) -> Step:
         """Parse (if text) and execute one model step."""
         parsed = self._parse(text_or_calls)
         functions = self.available()
-        observations, ok, overran = [], [], []
+        observations, ok, overran, seconds = [], [], [], []
         for call in parsed.calls:
+            started = time.perf_counter()
             answer = self.guard() if self.guard is not None else None
             if any(overran) and answer is None:  # one overrun ends the step: a message of 64
                 answer = STEP_ENDED  # hostile calls must not cost 64 limits
@@ -205,11 +158,12 @@ class LocalEpisode(_Turns):
                 out_of_memory()  # in a worker: report and exit (the parent restores the state)
             observations.append(shown(observation))
             ok.append(ran)
+            seconds.append(time.perf_counter() - started)
         observations += [shown(f"Error: could not parse tool call: {e}") for e in parsed.errors]
         executed = [
             c.name in functions and not o for c, o in zip(parsed.calls, overran, strict=True)
         ]
-        return Step(parsed.calls, observations, ok, parsed.errors, overran, executed)
+        return Step(parsed.calls, observations, ok, parsed.errors, overran, executed, seconds)
 
     def state(self) -> dict[str, dict]:
         """Public state of every involved instance (live objects: copy before keeping)."""
@@ -236,10 +190,10 @@ class Episode(_Turns):
         from rcgrpo.bfcl import sandbox as sandboxes
 
         super().__init__(task, hide_missed=hide_missed, step_limit=step_limit)
-        modules, _ = _backend()
+        modules, _ = backend()
         classes = [getattr(importlib.import_module(modules[n]), n) for n in task.involved_classes]
         # name -> the class's function (membership and signatures; nothing runs here)
-        self._all = {n: getattr(c, n) for c in classes for n in _public_method_names(c)}
+        self._all = {n: getattr(c, n) for c in classes for n in public_method_names(c)}
         self.sandbox = sandbox or sandboxes.default()
         self._id = self.sandbox.register(self)
         self._log: list[Call] = []  # every call executed so far, replayed into a new worker
@@ -252,33 +206,36 @@ class Episode(_Turns):
         budget = min(cfg.message_timeout_s, cfg.episode_timeout_s - self.tool_seconds)
         if budget <= 0:  # the episode's tool time is spent: nothing more runs
             n = len(calls)
-            return [OUT_OF_TIME] * n, [False] * n, None, [True] * n
+            return [OUT_OF_TIME] * n, [False] * n, None, [True] * n, [0.0] * n
         start = time.monotonic_ns()
-        observations, ok, extra, overran = self.sandbox.run_step(
+        observations, ok, extra, overran, seconds = self.sandbox.run_step(
             self._id, self.task, self._log, calls, None, start + int(budget * 1e9)
         )
         self.tool_seconds += (time.monotonic_ns() - start) / 1e9
         self._log += [c for c, o in zip(calls, overran, strict=True) if not o]
-        return observations, ok, extra, overran
+        return observations, ok, extra, overran, seconds
 
     def step(self, text_or_calls: str | list[Call]) -> Step:
         """Parse (if text) and execute one model step in the worker."""
         parsed = self._parse(text_or_calls)
         functions = self.available()
         runnable = [c for c in parsed.calls if c.name in functions and not c.name.startswith("_")]
-        observations, ok, _, overran = self._run(runnable) if runnable else ([], [], None, [])
-        results = iter(zip(observations, ok, overran, strict=True))
+        observations, ok, _, overran, seconds = (
+            self._run(runnable) if runnable else ([], [], None, [], [])
+        )
+        results = iter(zip(observations, ok, overran, seconds, strict=True))
         step = Step(parsed.calls, [], [], parsed.errors)
         for call in parsed.calls:
             if call.name in functions and not call.name.startswith("_"):
-                observation, ran, overran = next(results)
+                observation, ran, overran, took = next(results)
             else:  # the same refusal as dispatch gives, without a round trip
                 observation = f"Error during execution: function {call.name!r} is not available"
-                ran, overran = False, False
+                ran, overran, took = False, False, 0.0
             step.observations.append(valid_utf8(observation))  # the worker cut it to size
             step.ok.append(ran)
             step.overran.append(overran)
             step.executed.append(call.name in functions and not overran)
+            step.seconds.append(took)
         step.observations += [
             shown(f"Error: could not parse tool call: {e}") for e in parsed.errors
         ]

@@ -214,18 +214,19 @@ class Sandbox:
         self._live.discard(eid)
 
     def run_step(self, eid: int, task, log: list, calls: list, want=None, deadline_ns=None):
-        """Execute `calls` in episode `eid`; returns (observations, ok, extra, overran: per call,
-        True for a call that was killed or not run; those are not part of the state). A call
-        that would start at `deadline_ns` or later is not run; one running then is stopped."""
+        """Execute `calls` in episode `eid`; returns (observations, ok, extra, overran, seconds):
+        overran per call, True for a call that was killed or not run (not part of the state);
+        seconds per call, its wall time in the worker. A call that would start at `deadline_ns`
+        or later is not run; one running then is stopped."""
 
         def make_args(skip):
             replay = None if eid in self._live else list(log)
             return id(task), eid, replay, calls, dict(skip), want, deadline_ns
 
         out, _ = self.request("episode", [task], make_args, deadline_ns=deadline_ns)
-        observations, ok, extra, overran = out
+        observations, ok, extra, overran, seconds = out
         self._live.add(eid)
-        return observations, ok, extra, overran
+        return observations, ok, extra, overran, seconds
 
 
 _ALL: weakref.WeakSet[Sandbox] = weakref.WeakSet()

@@ -49,7 +49,7 @@ def _serve(conn_in: Connection, conn_out: Connection) -> None:
                     extra = episode.state()
                 elif want == "instances":
                     extra = episode.instances
-                reply = (step.observations, step.ok, extra, step.overran)
+                reply = (step.observations, step.ok, extra, step.overran, step.seconds)
             elif op == "score":  # several trajectories, model calls numbered across all of them
                 items, protocol, paper_too, skip = args
                 guard = model_guard(skip)

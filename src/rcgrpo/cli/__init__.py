@@ -25,7 +25,7 @@ import sys
 
 import typer
 
-from rcgrpo.cli import config, doctor, env, pipeline, plan, train, ui
+from rcgrpo.cli import config, doctor, env, pipeline, plan, prune, train, ui
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -44,6 +44,7 @@ app.command("ui")(ui.ui)
 app.command("schedule")(pipeline.schedule)
 app.command("plan")(plan.plan)
 app.command("doctor")(doctor.doctor)
+app.command("prune")(prune.prune)
 app.add_typer(env.app, name="env")
 app.add_typer(config.app, name="config")
 

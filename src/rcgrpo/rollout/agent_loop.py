@@ -26,6 +26,7 @@ from rcgrpo.bfcl.replay import Verdict
 from rcgrpo.bfcl.tasks import Task, load_split
 from rcgrpo.chat import prompts
 from rcgrpo.chat.record import Provenance, Trajectory
+from rcgrpo.rollout.clock import EpisodeClock
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Rollout:
     calls: list[list[list[str]]]  # per turn, per step, call strings (checkers' layout)
     stop_reason: str  # "done" | "no_calls" | "finished" | "step_limit" | "token_budget" | "error"
     trajectory: Trajectory  # the record, scored with both checkers
+    timing: dict | None = None  # measured wall clock: rcgrpo.rollout.clock.EpisodeClock.record
 
     @property
     def reward(self) -> int:
@@ -125,6 +127,7 @@ class AgentLoop:
         self.pending_messages: list[dict] = []  # shown to the model with the next prompt
         self.stop_reason = ""
         self.error = ""  # why the episode failed, with stop reason "error"
+        self.clock = EpisodeClock()
         if self.prompt_len + 1 >= limits.max_total_tokens:  # no room for a single sampled token
             self._finish("token_budget")
 
@@ -143,12 +146,14 @@ class AgentLoop:
         cannot rebuild the state, rendering the observations) ends this episode alone as a
         failure (stop "error", reward 0, the reason kept), never the rollout call."""
         before = (len(self.ids), len(self.messages), [list(turn) for turn in self.calls])
+        n_timed = self.clock.sampled()
         try:
             self._feed(sampled, logprobs)
         except Exception as e:  # noqa: BLE001 - one episode's failure is its own outcome
             n_ids, n_messages, self.calls = before
             del self.ids[n_ids:], self.mask[n_ids:], self.logprobs[n_ids:]
             del self.messages[n_messages:]
+            self.clock.drop(n_timed)
             self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             self._finish("error")
 
@@ -160,7 +165,9 @@ class AgentLoop:
         if not stopped:  # cut by max_new: close the message with a forced (unsampled) stop
             self._append([self.renderer.stop_id], 0)
         text = self.renderer.decode(content_ids)
+        self.clock.tools_started()
         step = self.episode.step(text)
+        self.clock.tools_done(step)
         message = {"role": "assistant", "content": text}
         if step.calls:
             message["tool_calls"] = [str(c) for c in step.calls]
@@ -208,10 +215,12 @@ class AgentLoop:
         self._append(ids, 0)
         self.messages += self.pending_messages
         self.pending_messages = []
+        self.clock.ready()
 
     def _finish(self, reason: str) -> None:
         """Close the sequence so that decode(ids) == rendering of self.messages."""
         self.stop_reason = reason
+        self.clock.finish()
         self.pending_messages = []  # never shown to the model: not part of the record
         self._append(self.renderer.encode(self.renderer.after_stop), 0)
 
@@ -253,6 +262,7 @@ class AgentLoop:
             self.calls,
             self.stop_reason,
             trajectory,
+            self.clock.record(),
         )
 
 

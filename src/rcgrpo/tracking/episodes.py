@@ -30,6 +30,7 @@ class ToolCall:
     name: str  # the function name
     observation: str | None  # what the model was shown; None when the episode ended first
     error: bool  # the observation is an error (executor error, or a tool's {"error": ...})
+    window: tuple[int, int] | None = None  # measured (start, end) ns; None: not recorded
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Message:
     inputs: list[dict]  # the messages it answered (first: the user prompt; then observations)
     calls: list[ToolCall] = field(default_factory=list)
     parse_errors: list[str] = field(default_factory=list)  # error observations of unparsable parts
+    window: tuple[int, int] | None = None  # measured (asked, sampled) ns; None: not recorded
 
 
 @dataclass
@@ -83,6 +85,43 @@ def is_error(observation: str) -> bool:
     return False
 
 
+def call_windows(start: int, end: int, seconds: list) -> list[tuple[int, int]]:
+    """(start, end) ns of each tool call of one step, laid end to end from `start` with the
+    seconds the worker measured; calls with None (killed by a limit, their time is the kill and
+    the restart) share what is left of the step's wall time [start, end].
+
+    >>> call_windows(1000, 5000, [1e-6, None, 2e-6])
+    [(1000, 2000), (2000, 3000), (3000, 5000)]
+    """
+    known = sum(int(t * 1e9) for t in seconds if t is not None)
+    unknown = sum(t is None for t in seconds)
+    share = max(0, end - start - known) // unknown if unknown else 0
+    out, at = [], start
+    for t in seconds:
+        width = share if t is None else int(t * 1e9)
+        out.append((at, at + width))
+        at += width
+    return out
+
+
+def _timed(turns: list[Turn], timing: dict | None) -> None:
+    """Put the measured windows of Rollout.timing on the messages and calls, when it has one
+    entry per message (a rollout from another engine has none: windows stay None)."""
+    messages = [m for t in turns for m in t.messages]
+    entries = (timing or {}).get("messages") or []
+    if len(entries) != len(messages):
+        return
+    for message, (asked, sampled, tools_start, tools_end, seconds) in zip(
+        messages, entries, strict=True
+    ):
+        message.window = (asked, sampled)
+        if len(seconds) == len(message.calls):
+            for call, w in zip(
+                message.calls, call_windows(tools_start, tools_end, seconds), strict=True
+            ):
+                call.window = w
+
+
 def _call_name(call: str) -> str:
     return call.split("(", 1)[0].strip() or "call"
 
@@ -122,6 +161,7 @@ def episode_tree(rollout) -> list[Turn]:
             else:
                 last.parse_errors.append(content)
             observed += 1
+    _timed(turns, getattr(rollout, "timing", None))
     return turns
 
 

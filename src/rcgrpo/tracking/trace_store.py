@@ -15,9 +15,14 @@ through an async queue, one database transaction per few spans, ~60-115 ms per 2
 on the 2-core box, and needs a flush at the end. Here the spans of a whole batch are built in
 memory in MLflow's own span schema (`Span.from_dict`, the format of exported trace JSON) and
 stored with one `log_spans` call plus one `start_trace` per trace, synchronously: ~13 ms per
-trace (bench/traces.py). The records carry no clock per message, so the root span is the
-rollout batch's real wall window and the child spans are laid out in order in equal slices of
-it: the order is real, the child durations are not measurements.
+trace (bench/traces.py).
+
+Times are measured, not laid out: the agent loop records when each model message was asked for
+and came back and the tool worker times each call (rcgrpo.rollout.clock). The root span is the
+episode's own wall time, an LLM span is its message's time in the engine (queued with the
+batch, then generated), the TOOL spans follow it, as its siblings in the turn, with the time
+each call took in the worker. A rollout without a clock (another engine's record) falls back to
+equal slices of the window it was written with: the order is real there, the durations are not.
 
     .venv/bin/pytest tests/test_traces.py -q
 """
@@ -104,6 +109,8 @@ def _slices(window: tuple[int, int], n: int) -> list[tuple[int, int]]:
 
 
 def _message_spans(b: _Builder, parent: bytes, message: Message, window) -> None:
+    """The LLM span of `message`, then a TOOL span per call, children of `parent` (the turn).
+    window: the message's slice when it carries no measured times."""
     usage = {
         "input_tokens": message.context_tokens,
         "output_tokens": message.tokens,
@@ -119,11 +126,11 @@ def _message_spans(b: _Builder, parent: bytes, message: Message, window) -> None
     if message.parse_errors:
         outputs["parse_errors"] = message.parse_errors
     parts = _slices(window, len(message.calls) + 1)  # generation first, then each call
-    span = b.span(
+    b.span(
         f"message {message.index}",
         "LLM",
         parent,
-        window,
+        message.window or parts[0],
         {"messages": message.inputs},
         outputs,
         attributes,
@@ -134,13 +141,21 @@ def _message_spans(b: _Builder, parent: bytes, message: Message, window) -> None
         b.span(
             call.name,
             "TOOL",
-            span,
-            part,
+            parent,
+            call.window or part,
             {"call": call.call},
             {"observation": call.observation if shown else None},
             {"error": call.error, "shown_to_model": shown},
             error=call.error,
         )
+
+
+def _turn_window(turn: Turn, opening, windows) -> tuple[int, int]:
+    """From the turn's first ask to its last message or call end (measured), else its slices."""
+    timed = [w for m in turn.messages for w in (m.window, *(c.window for c in m.calls)) if w]
+    if turn.messages and turn.messages[0].window:
+        return turn.messages[0].window[0], max(w[1] for w in timed)
+    return opening[0], windows[-1][1]
 
 
 def build_trace(
@@ -173,6 +188,9 @@ def build_trace(
         "calls": record.calls,
     }
     failed = not record.paper_reward  # the trace state shows it: failures stand out in the list
+    timing = getattr(rollout, "timing", None) or {}
+    if timing.get("end") and all(m.window for t in turns for m in t.messages):
+        window = (timing["start"], timing["end"])  # the episode's own measured wall time
     root = b.span(
         name,
         "AGENT",
@@ -193,7 +211,7 @@ def build_trace(
             f"turn {turn.index}",
             "CHAIN",
             root,
-            (opening[0], windows[-1][1]),
+            _turn_window(turn, opening, windows),
             {"user": turn.user},
             {"messages": len(turn.messages)},
         )

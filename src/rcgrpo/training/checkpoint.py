@@ -202,3 +202,18 @@ def latest(run_dir: str | Path) -> Path | None:
 
 def path_for(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"{PREFIX}{step:06d}"
+
+
+def prune(run_dir: str | Path, keep: int, dry_run: bool = False) -> list[Path]:
+    """Remove all but the `keep` highest-step checkpoints under run_dir/checkpoints, and the
+    `checkpoints.old-*` folders earlier runs were moved aside to; returns what was (dry_run:
+    would be) removed. keep 0 removes nothing. The latest (what `--resume` loads) is always kept; `final/` and any
+    folder not named step_<n> (a best/exported copy) are never touched."""
+    if keep <= 0:
+        return []
+    run_dir = Path(run_dir)
+    doomed = _steps(run_dir / "checkpoints")[:-keep]
+    doomed += sorted(p for p in run_dir.glob("checkpoints.old-*") if p.is_dir())
+    for path in [] if dry_run else doomed:
+        shutil.rmtree(path)
+    return doomed
