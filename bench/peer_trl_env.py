@@ -32,8 +32,9 @@ import importlib
 
 import torch
 
-from rcgrpo.bfcl.environment import Episode, _backend, _public_method_names
+from rcgrpo.bfcl.environment import Episode
 from rcgrpo.bfcl.executor import Call
+from rcgrpo.bfcl.instances import backend, public_method_names
 from rcgrpo.bfcl.tasks import Task
 from rcgrpo.chat.prompts import reward_goal
 from rcgrpo.chat.record import HIGH, LOW
@@ -137,11 +138,11 @@ def _tool(name: str):
 
 def tool_names(tasks: list[Task]) -> list[str]:
     """Every public function of the API classes the tasks involve, and `done`."""
-    modules, _ = _backend()
+    modules, _ = backend()
     names = {"done"}
     for cls_name in {c for t in tasks for c in t.involved_classes}:
         cls = getattr(importlib.import_module(modules[cls_name]), cls_name)
-        names.update(_public_method_names(cls))
+        names.update(public_method_names(cls))
     return sorted(names)
 
 

@@ -89,3 +89,79 @@ def test_overlong_through_the_step(kind):
         assert torch.equal(out.rewards, scores)  # reward/* metrics stay the checker's 0/1
         expected = group_advantages(scores + penalty, "grpo").flatten()
         assert torch.allclose(out.advantages, expected)
+
+
+# -- group filters (rl.group_filter, rl.refill) ------------------------------------------------
+
+
+def test_keep_groups_by_hand():
+    from rcgrpo.training.grpo.group_filter import keep_groups
+
+    rewards = torch.tensor([[1.0, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 0]])
+    # variances: 0, 0.1875, 0, 0.25
+    assert keep_groups(rewards, "none") == [0, 1, 2, 3]
+    assert keep_groups(rewards, "drop_zero_variance") == [1, 3]
+    assert keep_groups(rewards, "top_variance", 0.5) == [1, 3]  # the 2 of largest variance
+    assert keep_groups(rewards, "top_variance", 0.25) == [3]
+    assert keep_groups(rewards, "top_variance", 0.75) == [0, 1, 3]  # a tie at 0: earlier first
+    with pytest.raises(ValueError, match="group_filter"):
+        keep_groups(rewards, "best")
+
+
+class CountingEngine(ToyEngine):
+    """ToyEngine that counts every rollout and every sampled token it generated."""
+
+    generated = 0
+
+    def rollout(self, tasks, reward_tokens, protocol, seed, first_index=0):
+        out = super().rollout(tasks, reward_tokens, protocol, seed, first_index)
+        self.generated += len(out)
+        return out
+
+
+def filtered(tmp_path, **over):
+    from test_trainer import make
+
+    trainer = make(tmp_path, **over)
+    trainer.engine = CountingEngine(trainer.policy)
+    return trainer
+
+
+def half_silent(task, rollout) -> tuple[int, int]:
+    """Even tasks' groups score all 0 (zero variance); odd tasks' by the sampled ids' parity."""
+    r = int(task.number % 2 == 1 and sum(rollout.ids) % 2 == 1)
+    return r, r
+
+
+def test_drop_zero_variance_and_oversample_count_every_rollout(tmp_path):
+    """Through the real Trainer step: groups dropped and extra rounds drawn are counted, every
+    rollout generated is in rollout/generated, and only groups with a reward spread train."""
+    t = filtered(tmp_path, group_filter="drop_zero_variance", refill="oversample",
+                 refill_max_rounds=3, steps=1)  # fmt: skip
+    t.score_fn = half_silent
+    m = t.train_step(1)
+    n, G = 3, 4
+    extra = m["rollout/extra_rollouts"]
+    assert m["rollout/generated"] == t.engine.generated == n * G + extra
+    assert extra > 0 and extra % (n * G) == 0 and extra <= 3 * n * G  # whole rounds, capped
+    rounds = 1 + extra // (n * G)
+    assert m["rollout/groups_dropped"] >= 1  # the first draw held an even (silent) task
+    assert m["rollout/groups_dropped"] + m["rollout/effective_groups"] <= rounds * n
+    # every trained group has a spread; refill stops early only once the step is full
+    assert m["rollout/effective_groups"] == 3 or extra == 3 * n * G
+    assert m["rollout/effective_group_frac"] == m["rollout/effective_groups"] / n
+    assert m["loss/optimizer_steps"] > 0
+
+
+def test_top_variance_keeps_its_share_and_a_step_left_empty_makes_no_update(tmp_path):
+    t = filtered(tmp_path, group_filter="top_variance", top_variance_keep=0.5, steps=1)
+    m = t.train_step(1)
+    assert m["rollout/groups_dropped"] == 1.0  # 3 groups: the top ceil(1.5) = 2 kept
+    assert m["rollout/extra_rollouts"] == 0 and m["loss/optimizer_steps"] > 0
+    empty = filtered(tmp_path / "empty", group_filter="drop_zero_variance", steps=1)
+    empty.score_fn = lambda task, rollout: (0, 0)  # every group all 0: nothing to keep
+    before = [p.detach().clone() for p in empty.model.parameters()]
+    m = empty.train_step(1)
+    assert m["loss/optimizer_steps"] == 0 and m["rollout/groups_dropped"] == 3.0
+    assert m["reward/mean"] == 0.0 and m["rollout/zero_variance_frac"] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(before, empty.model.parameters(), strict=True))

@@ -6,7 +6,7 @@ the run's ids/versions, and writes into `reports/<run>/`:
 
     reward.png          reward/mean (and mean_high / mean_low under RC) per RL step, with a
                         moving average (one step's 20-40 rollouts are a noisy estimate)
-    zero_variance.png   rollout/zero_variance_frac per RL step: the groups with no GRPO signal
+    zero_variance.png   rollout/zero_variance_frac and effective_group_frac per RL step
     sft_loss.png        sft/loss per optimizer step of the fine-tuning stage
     accuracy.png        per-category and pooled accuracy with Wilson 95% intervals, per token
     summary.md          versions; success on the RL tasks before and after RL (what RL changed)
@@ -109,6 +109,7 @@ def rl_tasks_markdown(rl_tasks: dict, rl: dict) -> list[str]:
         k = max(1, len(curve) // 4)
         head, tail = (sum(v for _, v in part) / len(part) for part in (curve[:k], curve[-k:]))
         zv = [v for _, v in rl.get("rollout/zero_variance_frac") or []]
+        eff = [v for _, v in rl.get("rollout/effective_group_frac") or []]
         lines += [
             "## RL curves",
             "",
@@ -116,6 +117,8 @@ def rl_tasks_markdown(rl_tasks: dict, rl: dict) -> list[str]:
             f"last {k} ({len(curve)} steps)",
             f"- `rollout/zero_variance_frac` (groups with no GRPO signal): mean "
             f"{sum(zv) / max(1, len(zv)):.3f}, max {max(zv, default=0):.3f}",
+            f"- `rollout/effective_group_frac` (trained groups with a signal, of tasks_per_step): "
+            f"mean {sum(eff) / max(1, len(eff)):.3f}, min {min(eff, default=0):.3f}",
             "",
         ]
     return lines
@@ -252,8 +255,11 @@ def write_report(
     plots = [
         line_plot(rewards, "RL training reward", "reward", out / "reward.png"),
         line_plot(
-            {"rollout/zero_variance_frac": rl.get("rollout/zero_variance_frac", [])},
-            "groups with zero reward variance (no GRPO signal)",
+            {
+                k: rl.get(k, [])
+                for k in ("rollout/zero_variance_frac", "rollout/effective_group_frac")
+            },
+            "groups with zero reward variance (no GRPO signal); groups trained with one",
             "fraction",
             out / "zero_variance.png",
         ),

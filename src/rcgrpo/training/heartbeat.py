@@ -161,3 +161,23 @@ def _injected_stall(rank: int, phase: str) -> None:
         want_rank, want_phase, seconds = spec.split(":")
         if int(want_rank) == rank and want_phase == phase:
             time.sleep(float(seconds))
+
+
+def for_rank(cfg, ranks, engine, model) -> Heartbeat | None:
+    """Under a launcher: an RL rank's Heartbeat (progress: the model's forwards, the engine's
+    token counts); waits at the rollouts' gather are not stalls. Else None (launched ranks only:
+    a stalled one is named)."""
+    from rcgrpo.training import distributed
+
+    if not distributed.launched() or not cfg.heartbeat_s:
+        return None
+
+    def engine_counts() -> tuple:  # a server engine's replies move these
+        return getattr(engine, "generated_tokens", 0), getattr(engine, "prompt_tokens", 0)
+
+    hb = Heartbeat(
+        cfg.out_dir, ranks.rank, ranks.world, cfg.heartbeat_s, cfg.stall_s, engine_counts
+    )
+    hb.watch(model)
+    ranks.waiting = hb.waiting
+    return hb

@@ -70,6 +70,16 @@ class RLConfig:
     overlong_cache: int = ranged(
         256, "[1, inf)", "soft_penalty: the last N tokens of the episode budget ramp it 0 -> -1"
     )
+    group_filter: Literal["none", "drop_zero_variance", "top_variance"] = setting(
+        "none",
+        "which groups train: all; not the zero-variance ones (DAPO); the top_variance_keep "
+        "share by reward variance (RAGEN-2) (rcgrpo.training.grpo.group_filter)",
+    )
+    top_variance_keep: float = ranged(0.5, "(0, 1]", "top_variance: the share of groups kept")
+    refill: Literal["none", "oversample"] = setting(
+        "none", "oversample: draw more groups until tasks_per_step are kept (DAPO)"
+    )
+    refill_max_rounds: int = ranged(2, "[0, inf)", "oversample: extra rounds of groups at most")
     reward: Literal["paper", "bfcl"] = setting(
         "paper", "which checker's 0/1 is the training reward"
     )

@@ -30,12 +30,15 @@ def step_metrics(
     col = 0 if cfg.reward == "paper" else 1
     acc = {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
     gen_tokens = float(mask.sum())
+    spread = int((rewards.float().var(dim=1, unbiased=False) > 0).sum())  # groups with a signal
     metrics = {
         "reward/mean": float(rewards.mean()),
         "reward/other_checker_mean": float(
             torch.tensor([s[1 - col] for s in step.scores]).float().mean()
         ),
         **{f"rollout/{k}": v for k, v in group_reward_stats(rewards).items()},
+        "rollout/effective_groups": float(spread),  # trained groups with a reward spread
+        "rollout/effective_group_frac": spread / cfg.tasks_per_step,
         "rollout/adv_std": float(adv.std(unbiased=False)),
         "rollout/adv_abs_mean": float(adv.abs().mean()),
         "rollout/zero_adv_frac": float((adv == 0).float().mean()),

@@ -37,10 +37,11 @@ import torch
 
 from rcgrpo.training import balance, batching, checkpoint, distributed
 from rcgrpo.training.forward import packs
-from rcgrpo.training.grpo import rollouts, update
+from rcgrpo.training.grpo import group_filter, rollouts, update
 from rcgrpo.training.grpo.config import RLConfig, step_seed
 from rcgrpo.training.grpo.core_algos import minibatch_indices
 from rcgrpo.training.grpo.metrics import step_metrics
+from rcgrpo.training.heartbeat import for_rank
 from rcgrpo.training.optim import learning_rate
 
 LogMetrics = Callable[[dict, int], None]
@@ -105,7 +106,7 @@ class Trainer:
         self.ranks = distributed.for_training(
             self.model, self.optimizer, self.params, self._timeout_s()
         )
-        self.heartbeat = self._heartbeat()  # launched ranks: a stalled one is named
+        self.heartbeat = for_rank(self.cfg, self.ranks, self.engine, self.model)
         self.rolled_out: list[int] = []  # rollouts this rank sampled, per step
         tok = getattr(policy, "tokenizer", None)
         self.pad_id = getattr(tok, "pad_token_id", None) or 0
@@ -124,26 +125,6 @@ class Trainer:
         profile = getattr(getattr(self.policy, "config", None), "profile", "")  # its shape
         concurrent, rate = distributed.rollout_pace(self.engine.cfg, profile, self.model)
         return distributed.collective_timeout_s(episodes, concurrent, limits.max_total_tokens, rate)
-
-    def _heartbeat(self):
-        """Under a launcher: this rank's Heartbeat (progress: the model's forwards, the engine's
-        token counts); waits at the rollouts' gather are not stalls. Else None."""
-        if not distributed.launched() or not self.cfg.heartbeat_s:
-            return None
-        from rcgrpo.training.heartbeat import Heartbeat
-
-        e = self.engine
-
-        def engine_counts() -> tuple:  # a server engine's replies move these
-            return getattr(e, "generated_tokens", 0), getattr(e, "prompt_tokens", 0)
-
-        cfg, ranks = self.cfg, self.ranks
-        hb = Heartbeat(
-            cfg.out_dir, ranks.rank, ranks.world, cfg.heartbeat_s, cfg.stall_s, engine_counts
-        )
-        hb.watch(self.model)
-        self.ranks.waiting = hb.waiting
-        return hb
 
     def _phase(self, name: str, step: int) -> None:
         if self.heartbeat is not None:
@@ -171,13 +152,26 @@ class Trainer:
         with using_adapter(self.model, self.ref_adapter):
             return self._logprobs(self.model, ids, attn, mask)[0]
 
-    def train_step(self, step: int) -> dict:
-        cfg, t0 = self.cfg, time.perf_counter()
-        self._phase("rollout", step)
-        tasks, tokens = self.draw(step)
+    def _round(self, step: int, seed: int):
+        """The step's groups drawn and rolled out at run seed `seed` (`cfg.seed`: the step's own
+        draw; others: group_filter's refill rounds), handed to on_rollouts."""
+        cfg = self.cfg if seed == self.cfg.seed else dataclasses.replace(self.cfg, seed=seed)
+        tasks, tokens = rollouts.draw(self.tasks, cfg, step)
         out = rollouts.roll_out(self.engine, self.ranks, tasks, tokens, cfg, step, self.score_fn)
         if self.on_rollouts is not None and distributed.is_main():
             self.on_rollouts(step, out)
+        return out
+
+    def train_step(self, step: int) -> dict:
+        cfg, t0 = self.cfg, time.perf_counter()
+        self._phase("rollout", step)
+        out, filtered = group_filter.collect(lambda seed: self._round(step, seed), cfg)
+        if not out.tasks:  # every group dropped, none refilled: no update this step
+            return {
+                **filtered,
+                "loss/optimizer_steps": 0.0,
+                "perf/step_s": time.perf_counter() - t0,
+            }
         out.records = []  # the whole rollouts (token lists, messages) not kept through the update
         batch = update.to_batch(out.rollouts, self.pad_id)
         # PPO schedule; the shuffle has a generator of its own (seeded by the step, not by
@@ -237,7 +231,7 @@ class Trainer:
         groups = [c.tolist() for one_pass in passes for mini in one_pass for c in mini]
         metrics["train/pad_frac"] = batching.pad_frac(lengths, groups, packed)
         metrics["train/micro_batches"] = float(len(groups))  # update forwards, all passes
-        return metrics
+        return metrics | filtered  # with a filter, reward/* are the first draw's
 
     # -- the loop ---------------------------------------------------------------------------------
     def save(self, step: int) -> Path:
