@@ -16,6 +16,7 @@ import resource
 import time
 
 import pytest
+from test_reward_hacking import Scripted
 
 from rcgrpo.bfcl import observations
 from rcgrpo.bfcl.environment import LocalEpisode
@@ -27,7 +28,6 @@ from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
 from rcgrpo.rollout.agent_loop import AgentLoop
 from rcgrpo.rollout.config import RolloutConfig
-from rcgrpo.rollout.engine import Engine, Sample
 
 LEVELS = 18
 
@@ -41,26 +41,6 @@ def doubling(levels: int) -> list[str]:
             f"cp(source='A{i}', destination='A{i + 1}'), cp(source='B{i}', destination='A{i + 1}')]"
         )
     return out
-
-
-class Scripted(Engine):
-    """Answers the n-th message of an episode with the n-th text of `script` (real tokenizer
-    ids): the scheduler, agent loop and tool sandbox under test are real."""
-
-    def __init__(self, cfg, policy, script):
-        super().__init__(cfg, policy)
-        self.script = [self.renderer.encode(t) + [policy.stop_id] for t in script]
-
-    def sync(self, policy):
-        pass
-
-    def generate(self, prompts, max_new, seeds, episodes=None):
-        out = []
-        for prompt in prompts:
-            step = self.renderer.decode(prompt).count("<|im_start|>assistant") - 1
-            ids = self.script[min(step, len(self.script) - 1)]
-            out.append(Sample(list(ids), [0.0] * len(ids)))
-        return out
 
 
 @pytest.fixture(scope="module")
