@@ -107,3 +107,22 @@ def test_what_the_budget_cannot_hold_is_never_tokenized(policy, monkeypatch):
     loop.feed(ids, [0.0] * len(ids))
     assert loop.stop_reason == "token_budget"
     assert not any("matches" in m["content"] for p in seen for m in p), "it was tokenized"
+
+
+def test_a_long_decimal_from_square_root_is_cut_in_the_sandbox_worker():
+    """MathAPI's square_root answers a Decimal of `precision` digits: 200,000 digits come back
+    from the sandboxed worker as one capped observation, the marker naming what was left out."""
+    from rcgrpo.bfcl.environment import Episode
+    from rcgrpo.bfcl.limits import EnvConfig
+    from rcgrpo.bfcl.sandbox import Sandbox
+
+    sandbox = Sandbox(EnvConfig())
+    try:
+        episode = Episode(get_task("multi_turn_base_15"), sandbox=sandbox)
+        episode.begin_turn()
+        (answer,) = episode.step("square_root(number=2, precision=200000)").observations
+    finally:
+        sandbox.close()
+    cap = observations.DEFAULT_MAX_CHARS
+    assert cap < len(answer) < cap + 40 and answer.endswith(" chars]")
+    assert "[truncated " in answer and "1.41421356" in answer
