@@ -67,9 +67,8 @@ def subset(out: StepRollouts, groups: list[int], G: int) -> StepRollouts:
 
 def merge(parts: list[StepRollouts], n: int, G: int) -> StepRollouts:
     """The kept groups of every round, the first `n` of them, as one step."""
-    first = parts[0]
-    out = dataclasses.replace(
-        first,
+    return dataclasses.replace(
+        parts[0],
         tasks=[t for p in parts for t in p.tasks][:n],
         tokens=[t for p in parts for t in p.tokens][: n * G],
         rollouts=[r for p in parts for r in p.rollouts][: n * G],
@@ -80,7 +79,6 @@ def merge(parts: list[StepRollouts], n: int, G: int) -> StepRollouts:
         own=sum(p.own for p in parts),
         records=[],
     )
-    return out
 
 
 def collect(roll, cfg) -> tuple[StepRollouts, dict]:
@@ -95,9 +93,11 @@ def collect(roll, cfg) -> tuple[StepRollouts, dict]:
     kept = keep_groups(first.rewards, cfg.group_filter, cfg.top_variance_keep)
     parts, dropped, extra = [subset(first, kept, G)], len(first.tasks) - len(kept), 0
     rounds = 0
-    while cfg.refill == "oversample" and sum(len(p.tasks) for p in parts) < n:
-        if rounds == cfg.refill_max_rounds:
-            break
+    while (
+        cfg.refill == "oversample"
+        and sum(len(p.tasks) for p in parts) < n
+        and rounds < cfg.refill_max_rounds
+    ):
         rounds += 1
         more = roll(cfg.seed + ROUND_SEED * rounds)
         extra += len(more.rollouts)
