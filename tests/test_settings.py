@@ -56,6 +56,7 @@ BAD = {
         "micro_batch_size": ("0", "must be in [1, inf)"),
         "max_tokens_per_micro_batch": ("-1", "must be in [0, inf)"),
         "max_sampled_per_micro_batch": ("-1", "must be in [0, inf)"),
+        "shared_prefix": ("maybe", "must be true or false"),
         "lr": ("-1.0", "must be in (0, 1]"),
         "lr_lora": ("-1.0", "must be in [0, 1]"),
         "warmup_steps": ("-1", "must be in [0, inf)"),
