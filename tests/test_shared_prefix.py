@@ -18,6 +18,7 @@ from rcgrpo.training.forward import training_attention
 from rcgrpo.training.grpo import update
 from rcgrpo.training.grpo.core_algos import policy_loss
 from rcgrpo.training.shared_prefix import common_prefix, computed_tokens, pack, share_groups
+from rcgrpo.training.shared_prefix import micro_batches as shared_micro_batches
 
 
 def test_common_prefix_by_hand():
@@ -48,6 +49,23 @@ def test_pack_lays_out_prefix_then_suffixes_by_hand():
     assert p.positions.tolist() == [0, 1, 2, 3, 2, 0]
     assert p.blocks == [(0, 2, [(2, 2), (4, 1)]), (5, 1, [])]
     assert p.index.tolist() == [[0, 1, 2, 3, -1], [0, 1, 4, -1, -1], [5, -1, -1, -1, -1]]
+
+
+def test_micro_batches_count_computed_tokens_and_keep_groups_whole():
+    g1 = [[1, 1, 1, 1, 2], [1, 1, 1, 1, 3], [1, 1, 1, 1, 4]]  # prefix 4, suffixes 1: 7 tokens
+    g2 = [[2, 2, 2, 5, 6], [2, 2, 2, 7, 8]]  # prefix 3, suffixes 2: 7 tokens
+    rows = g1 + g2
+    # budget 14: both groups in one micro-batch (padded it would be 5 x 5 = 25 tokens)
+    assert shared_micro_batches(rows, 14) == [[0, 1, 2, 3, 4]]
+    # budget 7: one group each
+    assert shared_micro_batches(rows, 7) == [[0, 1, 2], [3, 4]]
+    # budget 6: g1 cut into runs that each recompute the prefix (4 + 1 + 1 = 6, 4 + 1 = 5); g2
+    # (3 + 2 + 2 = 7 > 6) into two runs of 5; largest first, no two 5s fit in 6
+    assert shared_micro_batches(rows, 6) == [[0, 1], [2], [3], [4]]
+    # a cap of 2 sampled positions per micro-batch, 1 per row: g2 (7 tokens) first, g1 cut 2 + 1
+    assert shared_micro_batches(rows, 14, [1] * 5, 2) == [[3, 4], [0, 1], [2]]
+    with pytest.raises(ValueError, match="max_tokens"):
+        shared_micro_batches(rows, 0)
 
 
 def groups(kind: str, g: torch.Generator, vocab: int):
@@ -145,3 +163,18 @@ def test_a_trainer_step_with_token_budget_micro_batches_equals_the_unshared_one(
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
     assert m0["perf/update_tokens"] == m0["perf/update_tokens_unshared"]
     assert m1["perf/update_tokens"] < m1["perf/update_tokens_unshared"] == m0["perf/update_tokens"]
+
+
+def test_plan_counts_the_shared_update_by_hand():
+    from types import SimpleNamespace
+
+    from rcgrpo.training.plan.sharing import shared_ratio
+
+    # non-embedding params 1,000, one layer of q_dim 1: a forward is 2,000 x tokens + 2 x T^2
+    arch = SimpleNamespace(params=lambda: 1040, vocab=10, hidden=2, tied=False, layers=1, q_dim=1)
+    groups = [[[(100, 10)], [(100, 20)]]]  # one task, G = 2: 110 and 120 tokens
+    out = shared_ratio(arch, groups, [[0, 1]], 0)
+    # shared: prefix 100 - 64 = 36 once, suffixes 74 and 84; padded: 2 x 120
+    assert (out["tokens"], out["unshared_tokens"]) == (194, 240)
+    squares = 36**2 + (110**2 - 36**2) + (120**2 - 36**2)  # 25,204 against 2 x 120^2
+    assert out["ratio"] == pytest.approx((2000 * 194 + 2 * squares) / (2000 * 240 + 2 * 28800))

@@ -197,6 +197,7 @@ class Trainer:
             packed,
             [int(r.loss_mask.sum()) for r in out.rollouts],
             cfg.max_sampled_per_micro_batch,
+            [r.ids.tolist() for r in out.rollouts] if self.shared else None,  # computed tokens
         )
         use_ref = (self.ref_model is not None or self.ref_adapter is not None) and cfg.kl_coef > 0
         # pi_old and the reference sharded like the update: this rank's micro-batches of the
