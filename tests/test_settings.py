@@ -60,6 +60,7 @@ BAD = {
         "top_variance_keep": ("0", "must be in (0, 1]"),
         "refill": ("more", "must be one of none, oversample"),
         "refill_max_rounds": ("-1", "must be in [0, inf)"),
+        "shared_prefix": ("maybe", "must be true or false"),
         "lr": ("-1.0", "must be in (0, 1]"),
         "lr_lora": ("-1.0", "must be in [0, 1]"),
         "warmup_steps": ("-1", "must be in [0, inf)"),

@@ -52,6 +52,11 @@ class RLConfig:
         "with the token budget: sampled (loss) positions per forward pass, the LM head's work "
         "(rcgrpo plan sizes memory for it); 0 = no cap of its own",
     )
+    shared_prefix: bool = setting(
+        True,
+        "the update computes each micro-batch's shared prompt prefixes once (SDPA models; "
+        "equal log-probs and gradients)",
+    )
     lr: float = ranged(1e-6, "(0, 1]", "AdamW learning rate (paper: 1e-6), constant after warmup")
     lr_lora: float = ranged(
         0.0, "[0, 1]", "AdamW learning rate of a LoRA policy; 0 = lr (paper preset: 10x lr)"

@@ -210,6 +210,7 @@ def minibatch_indices(
     packed: bool = False,
     sampled: Sequence[int] | None = None,
     max_sampled: int = 0,
+    shared_rows: Sequence[Sequence[int]] | None = None,
 ) -> list[list[list[torch.Tensor]]]:
     """PPO's schedule over a batch of n rollouts: `epochs` passes, each a list of mini-batches
     (one optimizer step each), each a list of micro-batch index tensors (one forward each).
@@ -223,8 +224,11 @@ def minibatch_indices(
     rollouts' `lengths` (tokens), the mini-batch's rollouts sorted by length and packed up to
     max_tokens computed tokens and at most `max_sampled` of the rollouts' `sampled` positions
     (rcgrpo.training.batching.micro_batches; `packed`: the forward concatenates them without
-    padding). The mini-batches are the same either way.
+    padding). With `shared_rows` (each rollout's token ids: the update shares prompt prefixes)
+    the budget counts the tokens the shared forward computes (shared_prefix.micro_batches).
+    The mini-batches are the same either way.
     """
+    from rcgrpo.training import shared_prefix
     from rcgrpo.training.batching import micro_batches
 
     if max_tokens and (lengths is None or len(lengths) != n):
@@ -235,6 +239,12 @@ def minibatch_indices(
             return list(idx.split(micro_batch_size))
         rows = idx.tolist()
         counts = [sampled[i] for i in rows] if sampled is not None else None
+        if shared_rows is not None:
+            mine = [shared_rows[i] for i in rows]
+            return [
+                idx[torch.tensor(g)]
+                for g in shared_prefix.micro_batches(mine, max_tokens, counts, max_sampled)
+            ]
         groups = micro_batches([lengths[i] for i in rows], max_tokens, packed, counts, max_sampled)
         return [idx[torch.tensor(g)] for g in groups]
 

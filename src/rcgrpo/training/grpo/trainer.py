@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from rcgrpo.training import balance, batching, checkpoint, distributed
+from rcgrpo.training import balance, checkpoint, distributed, shared_forward, shared_prefix
 from rcgrpo.training.forward import packs
 from rcgrpo.training.grpo import group_filter, rollouts, update
 from rcgrpo.training.grpo.config import RLConfig, step_seed
@@ -80,6 +80,7 @@ class Trainer:
         self.on_rollouts = on_rollouts
         self.policy, self.engine, self.tasks, self.cfg = policy, engine, list(tasks), cfg
         self.model = policy.model
+        self.shared = shared_forward.enable(self.model, cfg.shared_prefix)  # SDPA models only
         self.log_metrics = log_metrics
         self.score_fn = score_fn or self._score
         self.ref_model = ref_model
@@ -190,6 +191,7 @@ class Trainer:
             packed,
             [int(r.loss_mask.sum()) for r in out.rollouts],
             cfg.max_sampled_per_micro_batch,
+            [r.ids.tolist() for r in out.rollouts] if self.shared else None,  # computed tokens
         )
         use_ref = (self.ref_model is not None or self.ref_adapter is not None) and cfg.kl_coef > 0
         # pi_old and the reference sharded like the update: this rank's micro-batches of the
@@ -228,10 +230,10 @@ class Trainer:
         metrics = step_metrics(
             cfg, out, batch.mask, gap, self.updates, lr, time.perf_counter() - t0
         )
-        groups = [c.tolist() for one_pass in passes for mini in one_pass for c in mini]
-        metrics["train/pad_frac"] = batching.pad_frac(lengths, groups, packed)
-        metrics["train/micro_batches"] = float(len(groups))  # update forwards, all passes
-        return metrics | filtered  # with a filter, reward/* are the first draw's
+        fwd = shared_prefix.forward_metrics(batch.ids, lengths, passes, packed, self.shared)
+        # + pad_frac, micro-batches, computed tokens (shared or not); with a filter, reward/* are
+        # the first draw's
+        return metrics | fwd | filtered
 
     # -- the loop ---------------------------------------------------------------------------------
     def save(self, step: int) -> Path:

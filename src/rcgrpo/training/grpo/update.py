@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rcgrpo.training import balance
+from rcgrpo.training import balance, shared_forward
 from rcgrpo.training.forward import masked_hidden, scatter, with_training_attention
 from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.core_algos import policy_loss
@@ -72,6 +72,7 @@ def device_of(model) -> torch.device:
     return next(model.parameters()).device
 
 
+@with_training_attention  # the reference copy too: its prefixes shared like the policy's
 def logprobs(model, ids, attn, mask, temperature: float = 1.0):
     """Log-probs of ids[:, 1:] at the sampling temperature, (B, T-1) with 0 where mask (B, T-1)
     is 0; the entropy and T = 1 log-probs at the N sampled positions (head.Sampled, no grad)
@@ -80,7 +81,8 @@ def logprobs(model, ids, attn, mask, temperature: float = 1.0):
     are moved there)."""
     dev = device_of(model)
     ids, attn, mask = ids.to(dev), attn.to(dev), mask.to(dev)
-    hidden, where, head = masked_hidden(model, ids, attn, mask)
+    forward = shared_forward.shared_hidden if shared_forward.active(model) else masked_hidden
+    hidden, where, head = forward(model, ids, attn, mask)  # shared: prefixes computed once
     logp, sampled = head_logprobs(head, hidden, ids[:, 1:][where], temperature)
     return scatter(logp, where), sampled, where
 

@@ -11,6 +11,7 @@ import math
 
 from rcgrpo.training.batching import pad_frac
 from rcgrpo.training.plan import constants as C
+from rcgrpo.training.plan import sharing as S
 from rcgrpo.training.plan import timing as T
 
 
@@ -42,12 +43,19 @@ def step_time(arch, b, rl, rollout, gpus, gpu, kv_tok, lora, ckpt, mfu) -> list[
         f"   ({len(micro)} micro-batches a pass, pad_frac {pad:.3f}, padded rows)",
         f"  weight sync                              {C.SYNC_S:8.0f} s",
     ]
+    share = S.shared_ratio(arch, groups, micro, rl.mini_batch_size)
+    lines.append(
+        f"  update, rl.shared_prefix: {share['ratio']:.2f} x the FLOPs          "
+        f"{update * share['ratio']:8.0f} s   ({share['tokens'] / 1e6:.1f}M of "
+        f"{share['unshared_tokens'] / 1e6:.1f}M tokens a forward; SDPA path)"
+    )
     for name, roll in (("lock-step", lock), ("async", free)):
-        step = roll + update + C.SYNC_S
-        lines.append(
-            f"  step ({name}): {step:,.0f} s = {step / 3600:.2f} h; {rl.steps} steps "
-            f"{rl.steps * step / 3600:,.0f} h; {tokens / step / gpus:,.0f} tokens/s/GPU"
-        )
+        for label, upd in (("", update), (", shared", update * share["ratio"])):
+            step = roll + upd + C.SYNC_S
+            lines.append(
+                f"  step ({name}{label}): {step:,.0f} s = {step / 3600:.2f} h; {rl.steps} steps "
+                f"{rl.steps * step / 3600:,.0f} h; {tokens / step / gpus:,.0f} tokens/s/GPU"
+            )
     lines.append(f"  peer: {C.PEER[0]}: {C.PEER[1]:,.0f} tokens/s/GPU")
     return lines
 

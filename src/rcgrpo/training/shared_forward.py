@@ -1,0 +1,102 @@
+"""The shared-prefix forward: a micro-batch's common prompt prefixes computed once, each suffix
+attending to [its prefix; itself], with outputs and gradients equal to the padded forward's.
+
+How: the micro-batch becomes one packed row (rcgrpo.training.shared_prefix.pack: per cluster of
+rows, the prefix once, then each row's suffix, with position ids restarting per sequence so RoPE
+sees the unshared positions). The linear layers (projections, MLP, norms) run once per packed
+token. The attention is a registered transformers attention function (`NAME`) that reads the
+blocks from a keyword argument and runs, per layer and block, SDPA on the prefix's causal
+self-attention, then SDPA for each suffix over [prefix keys; suffix keys] with a bottom-right
+causal mask. Why this and not the KV cache (prefix with use_cache, then the suffixes with its
+cache expanded): a cache is state the layers write into, and a checkpointed layer's recompute
+writes it again (transformers turns the cache off under gradient checkpointing); the attention
+function is a pure function of the layer's q, k, v, so gradient checkpointing recomputes it as
+is, gradients from every suffix reach the prefix's keys and values (autograd sums them), and peft
+LoRA, which wraps only the linear layers, is untouched.
+
+The attention is switched in by `enable` as the model's training attention
+(rcgrpo.training.forward.training_attention holds it over forwards AND backwards, so a
+checkpointed layer recomputes with it). Called without blocks it is transformers' causal SDPA
+without a mask (what the padded path runs on right-padded rows). Where the model trains with
+flash-attention (CUDA, packed varlen rows) or eager attention, `enable` leaves it as it is: the
+shared path is the SDPA one (docs/shared-prefix.md).
+
+    .venv/bin/pytest tests/test_shared_prefix.py -q
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from rcgrpo.training.forward import _identity, _impl, _pick, right_padded
+from rcgrpo.training.shared_prefix import pack, share_groups
+
+NAME = "rcgrpo_shared_prefix"  # the attention implementation's registered name
+
+
+def shared_prefix_attention(module, query, key, value, attention_mask, **kwargs):
+    """query (1, h, L, d), key/value (1, h_kv, L, d) of the packed row -> ((1, L, h, d), None).
+    kwargs["prefix_blocks"]: [(prefix start, P, [(suffix start, n)])] in packed order; without
+    it, transformers' SDPA."""
+    blocks = kwargs.pop("prefix_blocks", None)
+    if blocks is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    parts = []
+    for start, p, suffixes in blocks:
+        pre = slice(start, start + p)
+        k, v = key[:, :, pre], value[:, :, pre]  # (1, h_kv, P, d): read by every suffix
+        parts.append(sdpa_attention_forward(module, query[:, :, pre], k, v, None, **kwargs)[0])
+        for s, n in suffixes:
+            suf = slice(s, s + n)
+            keys = torch.cat([k, key[:, :, suf]], 2)  # (1, h_kv, P+n, d)
+            values = torch.cat([v, value[:, :, suf]], 2)
+            # query i (at position P+i) sees keys 0..P+i: bottom-right causal, (1, 1, n, P+n)
+            cols = torch.arange(p + n, device=query.device)
+            mask = (cols[None] <= p + torch.arange(n, device=query.device)[:, None])[None, None]
+            out = sdpa_attention_forward(module, query[:, :, suf], keys, values, mask, **kwargs)
+            parts.append(out[0])
+    return torch.cat(parts, 1), None  # (1, L, h, d)
+
+
+# no mask function registered with it: transformers then builds no (L, L) mask (the blocks are
+# the mask), and a forward without blocks gets none either (causal SDPA: right-padded rows only)
+AttentionInterface.register(NAME, shared_prefix_attention)
+
+
+def enable(model, on: bool = True) -> bool:
+    """Make the shared-prefix attention the model's training attention where that is SDPA;
+    returns whether the model's update forwards now share prefixes. on=False restores SDPA."""
+    current = getattr(model, "training_attention", None) or _impl(model)
+    if current not in ("sdpa", NAME):
+        return False
+    model.training_attention = NAME if on else "sdpa"
+    return on
+
+
+def active(model) -> bool:
+    """Whether the model runs the shared-prefix attention now (inside training_attention)."""
+    return _impl(model) == NAME
+
+
+def shared_hidden(model, ids: torch.Tensor, attn: torch.Tensor, targets: torch.Tensor):
+    """As rcgrpo.training.forward.masked_hidden, through the packed shared-prefix row: (hidden
+    (N, d), where (B, T-1), head). ids, attn (B, T) right-padded; targets (B, T-1)."""
+    if not right_padded(attn):
+        raise ValueError("the shared-prefix forward takes right-padded rows (attention 1s then 0s)")
+    where = targets.bool()
+    lengths = attn.sum(1).tolist()
+    rows = [ids[i, :n].tolist() for i, n in enumerate(lengths)]
+    packed = pack(rows, share_groups(rows), ids.shape[1])
+    kwargs = {
+        "input_ids": packed.ids[None].to(ids.device),  # (1, L)
+        "position_ids": packed.positions[None].to(ids.device),  # (1, L)
+        "use_cache": False,
+        "prefix_blocks": packed.blocks,
+    }
+    index = packed.index.to(ids.device)
+    if getattr(model.config, "final_logit_softcapping", None):  # a head with extra math: full
+        return _pick(model(**kwargs).logits, index, where), where, _identity
+    hidden = model.get_decoder()(**kwargs).last_hidden_state  # (1, L, d)
+    return _pick(hidden, index, where), where, model.get_output_embeddings()
