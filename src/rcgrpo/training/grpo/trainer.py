@@ -4,11 +4,12 @@ One step: draw `tasks_per_step` distinct training tasks; give each of its G roll
 token (RC-GRPO: one sampled per rollout by core_algos.sample_reward_tokens; GRPO: none); roll out
 through the engine (which returns the sampled ids, the sampled-token mask and sampling log-probs:
 we train on exactly those ids, never a re-rendered chat); score with the paper's R (or BFCL's
-check); group advantages; pi_old and the reference log-probs once, with no grad; then
-`inner_epochs` passes of the PPO-clipped loss with k3 KL to the frozen initial model, each pass
-split into mini-batches of `mini_batch_size` rollouts, one optimizer step each (verl's
-ppo_mini_batch_size; from the second update on, ratio != 1 and the clip acts); then
-`engine.sync(policy)` so the next rollouts come from the new weights.
+check); group advantages; pi_old (or the engine's log-probs: rl.behaviour_logprobs) and the
+reference log-probs once, with no grad; then `inner_epochs` passes of the PPO-clipped loss with
+k3 KL to the frozen initial model, each pass split into mini-batches of `mini_batch_size`
+rollouts, one optimizer step each (verl's ppo_mini_batch_size; from the second update on,
+ratio != 1 and the clip acts); then `engine.sync(policy)` so the next rollouts come from the
+new weights.
 
 Every random draw of step s comes from generators seeded by (seed, s), and checkpoints hold the
 weights, optimizer, scheduler and RNG states, so `resume` reproduces on the CPU the metrics of a
