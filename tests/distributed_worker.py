@@ -9,7 +9,9 @@ what each rank rolled out to OUT (torch.save).
 Stages: `sft` and `rl` train the shared toy model (rl through test_trainer's ToyEngine); `rl-hf`
 is RC-GRPO on the tiny profile with LoRA through the real HF engine on BFCL tasks, each rank
 loading its own policy and building its own engine (rcgrpo.rollout.execution.make_engine on its
-device), plus one greedy rollout of a step's groups split between the ranks. `rl-stall` is `rl`
+device), plus one greedy rollout of a step's groups split between the ranks; `rl-hf-engine` is
+`rl-hf` with pi_old from the engine and the token weight (rl.behaviour_logprobs, rl.engine_is:
+the first pass's log-probs merged over the ranks). `rl-stall` is `rl`
 with heartbeats every 0.2 s and a 3 s stall window (tests/test_scale.py makes a rank hang).
 """
 
@@ -48,7 +50,7 @@ def parity_reward(task, rollout) -> tuple[int, int]:
     return r, r
 
 
-def rl_hf(out_dir: str) -> dict:
+def rl_hf(out_dir: str, engine_logprobs: bool = False) -> dict:
     """RC-GRPO on the tiny profile + LoRA through the HF engine: 4 tasks x G = 2 per step (each
     of 2 ranks rolls out 2 groups), PPO mini-batches, 2 passes, KL to the reference adapter."""
 
@@ -73,6 +75,8 @@ def rl_hf(out_dir: str) -> dict:
         tasks_per_step=4, group_size=2, steps=2, inner_epochs=2, mini_batch_size=4,
         micro_batch_size=2, lr=2e-3, save_every=0, out_dir=out_dir, protocol="bfcl",
     )  # fmt: skip
+    if engine_logprobs:
+        cfg = dataclasses.replace(cfg, behaviour_logprobs="engine", engine_is="token")
     trainer = Trainer(policy, engine, tasks, cfg, score_fn=parity_reward)
     # greedy: the step's groups split between the ranks give the 1-process rollouts
     greedy = make_engine(RolloutConfig(temperature=0.0, **limits), policy, device=device)
@@ -120,7 +124,7 @@ def run(out_dir: str, stage: str = "sft") -> dict:
         history = trainer.train()
         extra["rolled_out"] = trainer.rolled_out
     else:
-        extra = rl_hf(out_dir)
+        extra = rl_hf(out_dir, engine_logprobs=stage == "rl-hf-engine")
         model, history = extra.pop("model"), extra.pop("history")
     dist = torch.distributed
     world = dist.get_world_size() if dist.is_initialized() else 1

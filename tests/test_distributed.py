@@ -61,7 +61,7 @@ def launch_two(stage: str, out: Path) -> dict:
     return torch.load(out)
 
 
-@pytest.mark.parametrize("stage", ["sft", "rl", "rl-hf"])
+@pytest.mark.parametrize("stage", ["sft", "rl", "rl-hf", "rl-hf-engine"])
 def test_two_gloo_processes_equal_one_process(tmp_path, stage):
     one = run(str(tmp_path / "one"), stage)
     two = launch_two(stage, tmp_path / "two.pt")
@@ -70,7 +70,7 @@ def test_two_gloo_processes_equal_one_process(tmp_path, stage):
     assert len(two["history"]) == len(one["history"]) == (4 if stage == "sft" else 2)
     if stage == "rl":  # 3 groups of 4: rank 0 rolls out 2 groups, rank 1 one (whole groups)
         assert one["rolled_out"] == [[12, 12]] and two["rolled_out"] == [[8, 8], [4, 4]]
-    if stage == "rl-hf":  # 4 groups of 2 on 2 engines: each rank rolls out half
+    if stage.startswith("rl-hf"):  # 4 groups of 2 on 2 engines: each rank rolls out half
         assert one["rolled_out"] == [[8, 8]] and two["rolled_out"] == [[4, 4], [4, 4]]
         assert one["greedy_own"] == [8] and two["greedy_own"] == [4, 4]
         # the process group waits one rank's rollout budget (2 x 4 episodes, 20,000 tokens)
@@ -83,11 +83,18 @@ def test_two_gloo_processes_equal_one_process(tmp_path, stage):
         assert a.keys() == b.keys()
         for k in a:
             if not k.startswith("perf/") and not k.endswith("tokens_per_s") and "time" not in k:
-                assert abs(a[k] - b[k]) < 1e-6, (k, a[k], b[k])
+                # rl-hf-engine: the largest weight is a later mini-batch's, whose first forward
+                # follows an optimizer step (its drift), where 1 and 2 ranks' weights differ by
+                # the summation-order noise below (~1e-6 here): within 1e-5 relative
+                tol = 1e-5 * abs(a[k]) if k == "rollout/engine_is_max" else 1e-6
+                assert abs(a[k] - b[k]) < tol, (k, a[k], b[k])
     for name, g in one["grads"].items():  # the last step's gradient, all-reduced over ranks
-        assert torch.allclose(g, two["grads"][name], atol=1e-6, rtol=0), name
+        # rl-hf-engine: pi_old and the weights come from each step's first forwards, at weights
+        # that differ between 1 and 2 ranks by the noise below (~1e-5): gradients within ~2e-6
+        tol = 5e-6 if stage == "rl-hf-engine" else 1e-6
+        assert torch.allclose(g, two["grads"][name], atol=tol, rtol=0), name
     assert one["grads"].keys() == two["grads"].keys() and one["grads"]
-    if stage == "rl-hf":  # LoRA: the adapters moved away from their init (B = 0)
+    if stage.startswith("rl-hf"):  # LoRA: the adapters moved away from their init (B = 0)
         moved = max(float(p.abs().max()) for n, p in one["state"].items() if "lora_B" in n)
     else:
         init = tiny_llama(32 if stage == "sft" else 16, 0).state_dict()
@@ -95,7 +102,7 @@ def test_two_gloo_processes_equal_one_process(tmp_path, stage):
     # Adam divides by sqrt(v): where a LoRA gradient is ~1e-9 (B starts at 0) the summation-order
     # noise between 1 and 2 ranks (gradients equal to ~1e-7) moves a weight by up to ~1e-5 after
     # 8 updates at lr 2e-3; the toy models' full fine-tunes stay within 1e-6
-    atol = 2e-5 if stage == "rl-hf" else 1e-6
+    atol = 2e-5 if stage.startswith("rl-hf") else 1e-6
     for name, p in one["state"].items():
         assert torch.allclose(p, two["state"][name], atol=atol, rtol=0), name
     assert moved > 1e-4  # the weights did train: equality is not two untouched copies

@@ -371,6 +371,31 @@ def test_vllm_reward_rows_stay_frozen_through_the_trainer_and_a_real_step(
     assert vllm_engine.server.proc.pid == pid and vllm_engine.version == version + 1
 
 
+def test_vllm_serves_the_behaviour_logprobs_of_a_real_step(
+    lora_policy, vllm_engine, tasks, tmp_path
+):
+    """rl.behaviour_logprobs=engine with the token weight through the vLLM server: its sampled
+    tokens' log-probs (`logprobs: 0`, raw, temperature 1) are pi_old, no pi_old forward runs,
+    and the weights pi_trainer / pi_engine stay at 1 (fp32 on both sides here)."""
+    from dataclasses import replace
+
+    from rcgrpo.training.grpo.config import RLConfig
+    from rcgrpo.training.grpo.trainer import Trainer
+
+    cfg = RLConfig(tasks_per_step=2, group_size=2, steps=1, lr=1e-3, save_every=0,
+                   out_dir=str(tmp_path), protocol="bfcl", advantage="sign",
+                   behaviour_logprobs="engine", engine_is="token")  # fmt: skip
+    trainer = Trainer(lora_policy, vllm_engine, tasks, cfg)
+    vllm_engine.cfg = replace(vllm_engine.cfg, temperature=1.0)
+    try:
+        m = trainer.train_step(1)
+    finally:
+        vllm_engine.cfg = replace(vllm_engine.cfg, temperature=0.0)
+    assert m["loss/grad_norm"] > 0 and m["rollout/logprob_gap"] < 1e-4
+    assert m["rollout/engine_is_max"] == pytest.approx(1.0, abs=1e-3)
+    assert m["rollout/engine_is_clipped"] == 0.0
+
+
 @pytest.mark.slow
 def test_vllm_full_finetune_syncs_by_restart(policy, tasks):
     """The tiny profile's default (full fine-tune): sync re-exports and restarts the server; its

@@ -136,6 +136,8 @@ def test_update_flops_by_hand():
     # padded: 2 rows of 4 computed; attention 2 x layers x q_dim x (16 + 16)
     fwd = 2 * n * 8 + 2 * 1 * 8 * 32
     assert T.update_flops(ARCH, lengths, groups, False, 1, True, True, True) == fwd * (2 + 4)
+    # rl.behaviour_logprobs: engine: no pi_old forward, 1 of those 6 forward-equivalents
+    assert T.update_flops(ARCH, lengths, groups, False, 1, True, True, True, False) == fwd * 5
     packed = 2 * n * 6 + 2 * 1 * 8 * (16 + 4)
     assert T.update_flops(ARCH, lengths, groups, True, 2, False, False, False) == packed * (
         1 + 2 * 5

@@ -165,3 +165,169 @@ def test_top_variance_keeps_its_share_and_a_step_left_empty_makes_no_update(tmp_
     assert m["loss/optimizer_steps"] == 0 and m["rollout/groups_dropped"] == 3.0
     assert m["reward/mean"] == 0.0 and m["rollout/zero_variance_frac"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, empty.model.parameters(), strict=True))
+
+
+# -- engine behaviour log-probs, engine importance sampling (rl.behaviour_logprobs, engine_is) --
+
+
+def test_engine_is_token_weights_by_hand():
+    from rcgrpo.training.grpo.engine_is import metrics, weights
+
+    trainer = torch.tensor([[-1.0, -2.0, -0.5, 0.0]])
+    engine = torch.tensor([[-1.5, -1.0, -0.5, -3.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])  # the last position was not sampled
+    # log rho = 0.5, -1, 0: rho = 1.6487, 0.3679, 1; cap 1.5 truncates the first
+    w, keep = weights("token", trainer, engine, mask, cap=1.5, bound=0.01)
+    assert keep is None
+    assert torch.allclose(w, torch.tensor([[1.5, 0.367879, 1.0, 0.0]]), atol=1e-6)
+    m = metrics("token", trainer, engine, mask, cap=1.5, bound=0.01)
+    assert m["rollout/engine_is_mean"] == pytest.approx((1.5 + 0.367879 + 1.0) / 3, abs=1e-6)
+    assert m["rollout/engine_is_max"] == pytest.approx(1.648721, abs=1e-6)  # before the cap
+    assert m["rollout/engine_is_clipped"] == pytest.approx(1 / 3)
+    assert weights("none", trainer, engine, mask, 1.5, 0.01) == (None, None)
+    assert metrics("none", trainer, engine, mask, 1.5, 0.01) == {}
+
+
+def test_engine_is_sequence_mask_by_hand():
+    from rcgrpo.training.grpo.engine_is import metrics, weights
+
+    engine = torch.zeros(3, 2)
+    trainer = torch.tensor([[0.004, 0.006], [0.03, 0.01], [5.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]])  # rollout 2: nothing sampled
+    # geometric mean ratios: exp(0.005) = 1.005013 (kept), exp(0.02) = 1.020201 (> 1.01: out)
+    w, keep = weights("sequence", trainer, engine, mask, cap=2.0, bound=0.01)
+    assert w is None and torch.equal(keep, torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 1.0]]))
+    m = metrics("sequence", trainer, engine, mask, cap=2.0, bound=0.01)
+    assert m["rollout/engine_is_mean"] == pytest.approx((1.005013 + 1.020201) / 2, abs=1e-6)
+    assert m["rollout/engine_is_max"] == pytest.approx(1.020201, abs=1e-6)
+    assert m["rollout/engine_is_clipped"] == pytest.approx(0.5)  # of the rollouts with tokens
+
+
+def test_policy_loss_weight_and_keep_by_hand():
+    from rcgrpo.training.grpo.core_algos import policy_loss
+
+    logp = torch.tensor([[-1.0, -2.0]])  # = pi_old: ratio 1, pg = -A = -1 per token
+    args = (logp, logp, torch.tensor([1.0]), torch.ones(1, 2))
+    loss, _ = policy_loss(*args, kl_coef=0.0, is_weight=torch.tensor([[0.5, 2.0]]))
+    assert loss.item() == pytest.approx(-1.25)  # (-0.5 - 2) / 2
+    loss, _ = policy_loss(*args, kl_coef=0.0, keep=torch.tensor([[1.0, 0.0]]))
+    assert loss.item() == pytest.approx(-0.5)  # masked tokens stay in the denominator
+
+
+HF_ROLLOUT = dict(max_new_tokens=12, max_total_tokens=1024, max_steps=2)
+
+
+class ShiftedEngine:
+    """The HF engine as it is, except that the recorded log-probs of episode 0 are lowered by
+    `shift` at its sampled tokens: an engine/trainer gap of exactly `shift` there."""
+
+    def __init__(self, engine, shift: float):
+        self.engine, self.shift, self.sampled = engine, shift, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def rollout(self, *args, **kwargs):
+        out = self.engine.rollout(*args, **kwargs)
+        first = out[0]
+        first.logprobs = [
+            p - self.shift * m for p, m in zip(first.logprobs, first.mask, strict=True)
+        ]
+        self.sampled = [r.n_sampled for r in out]  # (B,) sampled tokens of each episode
+        return out
+
+
+def hf_step(tmp_path, shift: float = 0.0, temperature: float = 1.0, **over):
+    """One real RL step on the tiny profile through the HF engine: (policy, metrics, engine,
+    the policy forwards run without grad outside the rollout: pi_old's).
+    advantage sign: an untrained model's group may score all 0, sign still updates."""
+    from rcgrpo.bfcl.tasks import tasks_in
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.rollout.config import RolloutConfig
+    from rcgrpo.rollout.execution import make_engine
+    from rcgrpo.training.grpo.trainer import Trainer
+
+    tasks = [t for t in tasks_in("train") if t.category == "base"][:2]
+    policy = load_policy(ModelConfig())
+    hf = make_engine(RolloutConfig(temperature=temperature, **HF_ROLLOUT), policy)
+    engine = ShiftedEngine(hf, shift) if shift else hf
+    base = dict(steps=1, tasks_per_step=2, group_size=2, micro_batch_size=2, lr=1e-3)
+    cfg = RLConfig(out_dir=str(tmp_path), advantage="sign", save_every=0, **{**base, **over})
+    with hf:  # its tool workers end with the test
+        trainer = Trainer(policy, engine, tasks, cfg, temperature=temperature)
+        real, no_grad = trainer._logprobs, []
+
+        def counted(model, *args):  # the trainer's own log-prob forward, counted
+            if model is trainer.model and not torch.is_grad_enabled():
+                no_grad.append(1)
+            return real(model, *args)
+
+        trainer._logprobs = counted
+        (metrics,) = trainer.train()
+    return policy, metrics, engine, len(no_grad)
+
+
+def test_engine_logprobs_with_token_is_give_the_recompute_update_on_the_hf_engine(tmp_path):
+    """The HF engine serves the trained weights (gap ~1e-7): pi_old from the engine, with the
+    truncated weight on, makes the update the recomputed pi_old makes, without its forward.
+    lr 1e-4: AdamW's first step is lr * g / (|g| + 1e-8), so on coordinates whose gradient is
+    ~1e-8 the weights' 1e-7 departure from 1 moves the update by a few % of lr."""
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.models.profiles import ModelConfig
+
+    start = load_policy(ModelConfig())  # the initial weights every run starts from
+    ref, m_ref, _, pi_old_ref = hf_step(tmp_path / "recompute", lr=1e-4)
+    tok, _, _, _ = hf_step(tmp_path / "recompute_token", lr=1e-4, engine_is="token")
+    eng, m_eng, _, pi_old_eng = hf_step(tmp_path / "engine_token", lr=1e-4,
+                                        behaviour_logprobs="engine", engine_is="token")  # fmt: skip
+    assert (pi_old_ref, pi_old_eng) == (2, 0)  # 4 rollouts, 2 micro-batches: no pi_old forward
+    assert m_ref["rollout/logprob_gap"] < 1e-5
+    assert m_eng["rollout/logprob_gap"] == m_ref["rollout/logprob_gap"]
+    assert m_eng["rollout/engine_is_clipped"] == 0.0
+    assert m_eng["rollout/engine_is_max"] == pytest.approx(1.0, abs=1e-5)
+    moved = diff = 0.0
+    with torch.no_grad():
+        for a, b, c, d in zip(*(p.model.parameters() for p in (start, ref, tok, eng)), strict=True):
+            assert torch.equal(c, d)  # the first pass stands in exactly for the pi_old forward
+            moved = max(moved, float((b - a).abs().max()))
+            diff = max(diff, float((d - b).abs().max()))
+    assert moved > 5e-5  # the step did update
+    assert diff < 1e-5
+
+
+def test_an_injected_engine_gap_gives_the_hand_computed_weights(tmp_path):
+    """Episode 0's recorded log-probs lowered by 0.3: its tokens' ratio pi_trainer / pi_engine
+    is exp(0.3) = 1.3499 (the HF engine's own gap is ~1e-7), the others' 1."""
+    rho = 1.349859
+    _, m, eng, _ = hf_step(tmp_path / "token", 0.3, behaviour_logprobs="engine",
+                           engine_is="token", engine_is_cap=1.2)  # fmt: skip
+    n0, n = eng.sampled[0], sum(eng.sampled)
+    assert m["rollout/engine_is_max"] == pytest.approx(rho, abs=1e-5)
+    assert m["rollout/engine_is_clipped"] == pytest.approx(n0 / n)  # truncated to 1.2
+    assert m["rollout/engine_is_mean"] == pytest.approx((1.2 * n0 + n - n0) / n, abs=1e-5)
+    assert m["rollout/logprob_gap"] == pytest.approx(0.3 * n0 / n, abs=1e-5)
+    # the weights in the loss: every episode fails (A = 2R - 1 = -1) and pi_old is the first
+    # pass's own log p (ratio 1), so each token's pg term is -A * w = w
+    assert m["reward/mean"] == 0.0
+    assert m["loss/pg"] == pytest.approx(m["rollout/engine_is_mean"], abs=1e-6)
+    _, m, eng, _ = hf_step(tmp_path / "seq", 0.3, engine_is="sequence")  # recomputed pi_old
+    n0, n = eng.sampled[0], sum(eng.sampled)
+    assert m["loss/pg"] == pytest.approx((n - n0) / n, abs=1e-6)  # still in the denominator
+    assert m["rollout/engine_is_clipped"] == pytest.approx(1 / 4)  # episode 0 masked
+    assert m["rollout/engine_is_max"] == pytest.approx(rho, abs=1e-5)
+    assert m["rollout/engine_is_mean"] == pytest.approx((rho + 3) / 4, abs=1e-5)
+    # engine_is none: the engine's log-probs are pi_old, the PPO ratio carries the gap
+    _, m, eng, _ = hf_step(tmp_path / "bypass", 0.3, behaviour_logprobs="engine")
+    n0, n = eng.sampled[0], sum(eng.sampled)
+    assert m["loss/ratio_mean"] == pytest.approx((rho * n0 + n - n0) / n, abs=1e-5)
+    assert "rollout/engine_is_mean" not in m
+
+
+def test_engine_logprobs_are_refused_where_the_engine_cannot_serve_them(tmp_path):
+    from test_trainer import make
+
+    with pytest.raises(ValueError, match="engine 'ToyEngine' returns no sampled-token log-probs"):
+        make(tmp_path, behaviour_logprobs="engine")  # a test engine without log-probs
+    with pytest.raises(ValueError, match="rl.engine_is=token needs rollout.temperature 1"):
+        hf_step(tmp_path, temperature=1.3, engine_is="token")

@@ -46,6 +46,10 @@ class Engine:
     """Base class: runs the episodes of a rollout call through the configured scheduler.
     Subclasses implement `generate` and `sync`; a server engine also overrides `client`."""
 
+    # the temperature of the sampled-token log-probs every Sample carries (HF and vLLM: raw
+    # log softmax, 1); None for an engine without them (rl.behaviour_logprobs=engine refuses it)
+    logprobs_temperature: float | None = 1.0
+
     def __init__(self, cfg: RolloutConfig, policy):
         self.cfg = cfg.for_policy(policy)  # 0 token limits = the profile's budgets
         self.policy = policy

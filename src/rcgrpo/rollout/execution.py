@@ -133,6 +133,8 @@ class ShardedEngine:
     """The Engine interface (rollout, sync) in this process (one call, no shards) or over
     shards on Ray workers."""
 
+    logprobs_temperature = 1.0  # its shards are Engines (hf or vllm): Engine.logprobs_temperature
+
     def __init__(self, local_engine=None, actors=None, group: int = 1, shard_size: int = 16):
         self.local, self.actors, self.group, self.size = local_engine, actors, group, shard_size
         self.weights, self.version = None, 0

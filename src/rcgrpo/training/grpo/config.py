@@ -85,6 +85,20 @@ class RLConfig:
         "none", "oversample: draw more groups until tasks_per_step are kept (DAPO)"
     )
     refill_max_rounds: int = ranged(2, "[0, inf)", "oversample: extra rounds of groups at most")
+    behaviour_logprobs: Literal["recompute", "engine"] = setting(
+        "recompute",
+        "pi_old: a trainer forward before the update, or the engine's sampled-token log-probs "
+        "with no forward (needs rollout.temperature 1) (rcgrpo.training.grpo.engine_is)",
+    )
+    engine_is: Literal["none", "token", "sequence"] = setting(
+        "none",
+        "engine/trainer gap: no correction; a weight min(pi_trainer / pi_engine, engine_is_cap) "
+        "per token; or rollouts whose geometric mean ratio leaves 1 +- engine_is_bound masked",
+    )
+    engine_is_cap: float = ranged(2.0, "[1, inf)", "token: the weight's cap C (verl, SkyRL: 2)")
+    engine_is_bound: float = ranged(
+        0.01, "(0, 1)", "sequence: the geometric mean ratio's bound b (SkyRL: 0.99 .. 1.01)"
+    )
     reward: Literal["paper", "bfcl"] = setting(
         "paper", "which checker's 0/1 is the training reward"
     )

@@ -155,6 +155,8 @@ def policy_loss(
     kl_estimator: KLEstimator = "k3",
     aggregation: Aggregation = "token-mean",
     entropy: torch.Tensor | None = None,
+    is_weight: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clipped policy-gradient loss plus kl_coef * KL to the reference.
 
@@ -162,7 +164,10 @@ def policy_loss(
     old_logprobs (B, T): the same under the policy that sampled them (no grad);
     advantages (B,) one per rollout, or (B, T); mask (B, T): 1 on sampled (model) tokens, 0 on
     prompt / tool / padding tokens, which get exactly zero gradient and never reach exp();
-    ref_logprobs (B, T) or None (no KL term); entropy (B, T) only for the stats.
+    ref_logprobs (B, T) or None (no KL term); entropy (B, T) only for the stats;
+    is_weight (B, T): a truncated engine importance weight on the policy-gradient term, and
+    keep (B, T): 0 on rollouts masked out of the whole loss (rcgrpo.training.grpo.engine_is;
+    they still count in the mean's denominator), None for neither.
     Returns (scalar loss, stats: pg_loss, kl, clip_frac, ratio_mean, entropy).
     """
     mask_b = mask.bool()
@@ -177,13 +182,17 @@ def policy_loss(
     pg_unclipped = -advantages * ratio
     pg_clipped = -advantages * ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
     pg = torch.maximum(pg_unclipped, pg_clipped)  # (B, T), pessimistic bound
-    per_token = pg
+    if is_weight is not None:  # verl's rollout IS: the weight on the pg term, no gradient
+        pg = pg * is_weight.detach().to(pg.dtype)
     kl = None
     if ref_logprobs is not None:
         safe_ref = torch.where(mask_b, ref_logprobs.detach(), zero)
         safe_logp = torch.where(mask_b, logprobs, zero)
         kl = kl_penalty(safe_logp, safe_ref, kl_estimator)
-        per_token = pg + kl_coef * kl
+    if keep is not None:
+        pg = pg * keep.to(pg.dtype)
+        kl = None if kl is None else kl * keep.to(kl.dtype)
+    per_token = pg if kl is None else pg + kl_coef * kl
     loss = _aggregate(per_token, maskf, aggregation)
 
     with torch.no_grad():

@@ -17,6 +17,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from rcgrpo.training.grpo import engine_is
 from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.trainer import LogMetrics, Trainer
 
@@ -74,6 +75,7 @@ def run_rl(
     from rcgrpo.training import distributed
 
     rollout_cfg = rollout_cfg or RolloutConfig(protocol=cfg.protocol)
+    engine_is.check(cfg, rollout_cfg.temperature)  # before loading the model (Trainer: engine)
     layout = (rollout_cfg.n_servers, rollout_cfg.vllm_devices, rollout_cfg.tensor_parallel_size)
     if distributed.launched() and rollout_cfg.engine == "vllm" and layout != (1, (), 1):
         # each rank starts the servers its engine lists: N ranks x these servers on the same GPUs

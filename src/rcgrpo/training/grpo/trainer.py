@@ -4,11 +4,12 @@ One step: draw `tasks_per_step` distinct training tasks; give each of its G roll
 token (RC-GRPO: one sampled per rollout by core_algos.sample_reward_tokens; GRPO: none); roll out
 through the engine (which returns the sampled ids, the sampled-token mask and sampling log-probs:
 we train on exactly those ids, never a re-rendered chat); score with the paper's R (or BFCL's
-check); group advantages; pi_old and the reference log-probs once, with no grad; then
-`inner_epochs` passes of the PPO-clipped loss with k3 KL to the frozen initial model, each pass
-split into mini-batches of `mini_batch_size` rollouts, one optimizer step each (verl's
-ppo_mini_batch_size; from the second update on, ratio != 1 and the clip acts); then
-`engine.sync(policy)` so the next rollouts come from the new weights.
+check); group advantages; pi_old (or the engine's log-probs: rl.behaviour_logprobs) and the
+reference log-probs once, with no grad; then `inner_epochs` passes of the PPO-clipped loss with
+k3 KL to the frozen initial model, each pass split into mini-batches of `mini_batch_size`
+rollouts, one optimizer step each (verl's ppo_mini_batch_size; from the second update on,
+ratio != 1 and the clip acts); then `engine.sync(policy)` so the next rollouts come from the
+new weights.
 
 Every random draw of step s comes from generators seeded by (seed, s), and checkpoints hold the
 weights, optimizer, scheduler and RNG states, so `resume` reproduces on the CPU the metrics of a
@@ -35,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from rcgrpo.training import balance, checkpoint, distributed, shared_forward, shared_prefix
+from rcgrpo.training import checkpoint, distributed, shared_forward, shared_prefix
 from rcgrpo.training.forward import packs
-from rcgrpo.training.grpo import group_filter, rollouts, update
+from rcgrpo.training.grpo import engine_is, group_filter, rollouts, update
 from rcgrpo.training.grpo.config import RLConfig, step_seed
 from rcgrpo.training.grpo.core_algos import minibatch_indices
 from rcgrpo.training.grpo.metrics import step_metrics
@@ -86,6 +87,7 @@ class Trainer:
         self.ref_model = ref_model
         if temperature <= 0:
             raise ValueError("RL needs sampling: rollout.temperature must be > 0 (0 is greedy)")
+        engine_is.check(cfg, temperature, engine)  # the engine serves its log-probs
         self.temperature = temperature
         self.ref_adapter = None  # a LoRA policy's reference: a frozen adapter inside it
         if ref_model is None and cfg.kl_coef > 0:
@@ -194,22 +196,17 @@ class Trainer:
             [r.ids.tolist() for r in out.rollouts] if self.shared else None,  # computed tokens
         )
         use_ref = (self.ref_model is not None or self.ref_adapter is not None) and cfg.kl_coef > 0
-        # pi_old and the reference sharded like the update: this rank's micro-batches of the
-        # first pass (the same forwards as its first update: ratio exactly 1), then summed
-        # over the ranks (later passes reshuffle the micro-batches between ranks)
-        rows = [[balance.padded_rows(batch.attn, c) for c in mini] for mini in passes[0]]
-        mine = [
-            c
-            for mini, r in zip(passes[0], rows, strict=True)
-            for c, w in self.ranks.share(mini, r)
-            if w
-        ]
+        # pi_old and the reference sharded like the update (update.first_pass_share), then
+        # summed over the ranks (later passes reshuffle the micro-batches between ranks)
+        mine = update.first_pass_share(self.ranks, batch, passes)
         ref_fn = self._ref_logprobs if use_ref else None
         self._phase("update", step)
+        recompute = cfg.behaviour_logprobs == "recompute"  # engine: no pi_old forward
         old, ref, gap = update.behaviour_logprobs(
-            self.model, batch, mine, self._logprobs, self.temperature, ref_fn
+            self.model, batch, mine, self._logprobs, self.temperature, ref_fn, recompute
         )
         old, ref, gap = self.ranks.merge(old, ref, gap)
+        first = None if recompute else torch.zeros_like(batch.mask)  # the first pass's log p
         self.rolled_out.append(out.own)
         lr = self.scheduler.get_last_lr()[0]  # one lr per RL step: warmup counts RL steps
         self.updates = update.ppo_updates(  # per optimizer step, for inspection
@@ -223,13 +220,16 @@ class Trainer:
             passes,
             cfg,
             self._logprobs,
+            first,
         )
         self.scheduler.step()
         self._phase("sync", step)
         self.engine.sync(self.policy)
+        gap, corrected = update.engine_gap(cfg, batch, old, first, gap)  # + rl.engine_is's
         metrics = step_metrics(
             cfg, out, batch.mask, gap, self.updates, lr, time.perf_counter() - t0
         )
+        metrics |= corrected
         fwd = shared_prefix.forward_metrics(batch.ids, lengths, passes, packed, self.shared)
         # + pad_frac, micro-batches, computed tokens (shared or not); with a filter, reward/* are
         # the first draw's

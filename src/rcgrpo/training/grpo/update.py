@@ -1,10 +1,13 @@
 """The PPO update of one RL step: pi_old and reference log-probs once, then clipped-loss
 mini-batches, one optimizer step each (verl's ppo_mini_batch_size).
 
-pi_old is computed ONCE per batch, before any update, with the weights the engine sampled from
-(in eval mode, as the engine samples); not the engine's log-probs, which are at T = 1 where ours
-are at the sampling temperature. Same micro-batches as the first update, so its forwards are
-bit-identical (ratio exactly 1); from the second update on the ratio leaves 1 and the clip acts.
+pi_old (`rl.behaviour_logprobs: recompute`) is computed ONCE per batch, before any update, with
+the weights the engine sampled from (in eval mode, as the engine samples); same micro-batches as
+the first update, so its forwards are bit-identical (ratio exactly 1); from the second update on
+the ratio leaves 1 and the clip acts. With `engine` there is no pi_old forward: pi_old is the
+engine's log-probs (verl's bypass mode), or, with `rl.engine_is` on, the first pass's own
+detached log-probs, the engine's being the behaviour policy of the importance weight (verl's
+decoupled mode, the first pass standing in for the pi_old forward: rcgrpo.training.grpo.engine_is).
 A micro-batch is an index tensor into the step's padded batch (B, T); its forward computes
 only its own width, the longest of its members (`width`), not the batch's T: with
 token-budget micro-batches (core_algos.minibatch_indices, rcgrpo.training.batching) a
@@ -28,6 +31,7 @@ import torch
 
 from rcgrpo.training import balance, shared_forward
 from rcgrpo.training.forward import masked_hidden, scatter, with_training_attention
+from rcgrpo.training.grpo import engine_is
 from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.core_algos import policy_loss
 from rcgrpo.training.grpo.head import head_logprobs
@@ -87,29 +91,59 @@ def logprobs(model, ids, attn, mask, temperature: float = 1.0):
     return scatter(logp, where), sampled, where
 
 
+def first_pass_share(ranks, batch: Batch, passes) -> list[torch.Tensor]:
+    """This rank's micro-batches (index tensors) of the first pass, the zero-weight padding
+    left out: pi_old and the reference run the same forwards as the first update (ratio
+    exactly 1)."""
+    rows = [[balance.padded_rows(batch.attn, c) for c in mini] for mini in passes[0]]
+    shares = (ranks.share(mini, r) for mini, r in zip(passes[0], rows, strict=True))
+    return [c for share in shares for c, w in share if w]
+
+
+def engine_gap(cfg: RLConfig, batch: Batch, old, first, gap):
+    """The summed |engine - trainer| log-prob gap over the sampled tokens (behaviour_logprobs',
+    or with `rl.behaviour_logprobs: engine` the first pass's: `first` (B, T-1), old None) and
+    the step's rollout/engine_is_* metrics (engine_is.metrics, {} without rl.engine_is)."""
+    trainer = old if first is None else first  # (B, T-1) pi_old as the trainer computes it
+    if first is not None:
+        gap = ((batch.sampled_logp - first).abs() * batch.mask).sum()
+    args = (trainer, batch.sampled_logp, batch.mask, cfg.engine_is_cap, cfg.engine_is_bound)
+    return gap, engine_is.metrics(cfg.engine_is, *args)
+
+
 @with_training_attention  # flash-attention where chosen; the engines keep the loaded one
 @torch.no_grad()
 def behaviour_logprobs(
-    model, batch: Batch, micro_batches, logprob_fn, temperature: float, ref_fn=None
+    model,
+    batch: Batch,
+    micro_batches,
+    logprob_fn,
+    temperature: float,
+    ref_fn=None,
+    recompute: bool = True,
 ):
     """pi_old (B, T-1), the reference's (B, T-1) or None, and the summed |engine - trainer|
     log-prob gap over sampled tokens, over `micro_batches` (index tensors), in eval mode.
     logprob_fn(model, ids, attn, mask) -> `logprobs` at the sampling temperature;
-    ref_fn(ids, attn, mask) -> the reference's log-probs of one micro-batch (None: no KL)."""
+    ref_fn(ids, attn, mask) -> the reference's log-probs of one micro-batch (None: no KL).
+    recompute False (`rl.behaviour_logprobs: engine`): no pi_old forward, pi_old None and the
+    gap 0 (ppo_updates' first pass has the trainer's log-probs)."""
     ids, attn, mask = batch.ids, batch.attn, batch.mask
-    old = torch.zeros_like(mask)  # (B, T-1)
+    old = torch.zeros_like(mask) if recompute else None  # (B, T-1)
     ref = torch.zeros_like(mask) if ref_fn is not None else None
     gap = torch.zeros(())  # sum over sampled tokens of |engine log p - trainer log p|
     model.eval()
     for c in micro_batches:
         cols = width(attn, c)  # (b, cols) inputs, (b, cols-1) targets
         x, a, m = ids[c, :cols], attn[c, :cols], mask[c, : cols - 1]
-        mine, sampled, where = logprob_fn(model, x, a, m)  # on the model's device
-        dev = mine.device
-        old[c, : cols - 1] = mine.to(old.device)
-        if temperature != 1.0:
-            mine = scatter(sampled.logp1, where)  # the engine's log-probs are at T = 1
-        gap += ((batch.sampled_logp[c, : cols - 1].to(dev) - mine).abs() * m.to(dev)).sum().cpu()
+        if old is not None:
+            mine, sampled, where = logprob_fn(model, x, a, m)  # on the model's device
+            dev = mine.device
+            old[c, : cols - 1] = mine.to(old.device)
+            if temperature != 1.0:
+                mine = scatter(sampled.logp1, where)  # the engine's log-probs are at T = 1
+            engine = batch.sampled_logp[c, : cols - 1].to(dev)
+            gap += ((engine - mine).abs() * m.to(dev)).sum().cpu()
         if ref is not None:
             ref[c, : cols - 1] = ref_fn(x, a, m).to(ref.device)
     return old, ref, gap
@@ -117,13 +151,34 @@ def behaviour_logprobs(
 
 @with_training_attention  # over forwards and backwards (checkpointed layers recompute)
 def ppo_updates(
-    model, optimizer, ranks, batch: Batch, old, ref, adv, passes, cfg: RLConfig, logprob_fn
+    model,
+    optimizer,
+    ranks,
+    batch: Batch,
+    old,
+    ref,
+    adv,
+    passes,
+    cfg: RLConfig,
+    logprob_fn,
+    first: torch.Tensor | None = None,
 ) -> list[dict[str, float]]:
     """Every mini-batch of every pass: clipped loss + KL, accumulated over its micro-batches,
     one optimizer step. Returns the stats of each optimizer step (token- or sequence-weighted
-    means over the mini-batch, summed over ranks) with its grad_norm. logprob_fn(model, ids,
-    attn, mask) -> `logprobs` at the sampling temperature (run inside the DDP wrapper)."""
+    means over the mini-batch, summed over ranks) with its grad_norm.
+    old: the recomputed pi_old (B, T-1), or None (`rl.behaviour_logprobs: engine`, module
+    docstring); then `first` (B, T-1, zeros) is filled with the first pass's detached log-probs,
+    summed over the ranks. The `rl.engine_is` weight compares pi_old with the engine's.
+    logprob_fn(model, ids, attn, mask) -> `logprobs` at the sampling temperature (run inside
+    the DDP wrapper)."""
     ids, attn, mask = batch.ids, batch.attn, batch.mask
+    if old is not None:
+        first = None
+    elif first is None:
+        first = torch.zeros_like(mask)
+    lazy = old is None and cfg.engine_is != "none"  # pi_old = the first pass's own
+    if old is None and not lazy:
+        old = batch.sampled_logp  # verl's bypass: the PPO ratio is pi / pi_engine
 
     def size(c):  # what a micro-batch weighs in its mini-batch's mean: tokens or sequences
         return mask[c].sum() if cfg.aggregation == "token-mean" else (mask[c].sum(1) > 0).sum()
@@ -131,7 +186,11 @@ def ppo_updates(
     dev = device_of(model)
     model.train()
     updates: list[dict[str, float]] = []
-    for mini in (mini for one_pass in passes for mini in one_pass):
+    merged = first is None  # each rank fills its own rows of `first`, then they are summed
+    for p, mini in ((p, mini) for p, one_pass in enumerate(passes) for mini in one_pass):
+        if p == 1 and not merged:
+            first.copy_(ranks.merge(first)[0])
+            merged = True
         optimizer.zero_grad(set_to_none=True)
         total = sum(size(c) for c in mini).clamp(min=1)
         upd: dict[str, float] = {}
@@ -143,9 +202,23 @@ def ppo_updates(
             # under accelerate: through the DDP/FSDP wrapper, all-reduced on the last one
             with ranks.syncing(i, len(mine)):
                 logp, sampled, where = ranks.forward(logprob_fn, ids[c, :cols], attn[c, :cols], m)
+                if first is not None and p == 0 and share:
+                    first[c, : cols - 1] = logp.detach().to(first.device)
+                if lazy and p == 0:
+                    anchor = logp.detach()
+                else:
+                    anchor = (first if lazy else old)[c, : cols - 1].to(dev)
+                weight, keep = engine_is.weights(
+                    cfg.engine_is,
+                    anchor,
+                    batch.sampled_logp[c, : cols - 1].to(dev),
+                    m.to(dev),
+                    cfg.engine_is_cap,
+                    cfg.engine_is_bound,
+                )
                 loss, stats = policy_loss(  # this micro-batch's slices on the model's device
                     logp,
-                    old[c, : cols - 1].to(dev),
+                    anchor,
                     adv[c].to(dev),
                     m.to(dev),
                     None if ref is None else ref[c, : cols - 1].to(dev),
@@ -154,6 +227,8 @@ def ppo_updates(
                     kl_estimator=cfg.kl_estimator,
                     aggregation=cfg.aggregation,
                     entropy=scatter(sampled.entropy, where),
+                    is_weight=weight,
+                    keep=keep,
                 )
                 w = size(c) / total * share  # token (or sequence) share of the GLOBAL mini-batch
                 ranks.backward(loss * w)
@@ -166,5 +241,7 @@ def ppo_updates(
         upd["grad_norm"] = float(ranks.clip(max_norm))
         optimizer.step()
         updates.append(upd)
+    if not merged:
+        first.copy_(ranks.merge(first)[0])
     model.eval()
     return updates

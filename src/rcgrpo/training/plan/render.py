@@ -29,7 +29,9 @@ def step_time(arch, b, rl, rollout, gpus, gpu, kv_tok, lora, ckpt, mfu) -> list[
         rl.mini_batch_size,
         packed=False,
     )
-    flops = T.update_flops(arch, lengths, micro, False, rl.inner_epochs, rl.kl_coef > 0, ckpt, lora)
+    recompute = rl.behaviour_logprobs == "recompute"  # engine: no pi_old forward
+    shape = (rl.inner_epochs, rl.kl_coef > 0, ckpt, lora, recompute)
+    flops = T.update_flops(arch, lengths, micro, False, *shape)
     update = flops / (gpus * gpu.bf16_flops * mfu)
     pad = pad_frac(lengths, micro)
     tokens = sum(lengths)

@@ -19,9 +19,9 @@ The G rollouts of a task share their first prompt's prefix: vLLM's prefix cache 
 prefills it once per group (the goal and what follows it, PREFIX_TAIL tokens, for the others).
 Between messages an episode's keys and values are assumed to stay cached (no re-prefill).
 
-Update. FLOPs of pi_old and the reference (one forward each), then per PPO pass a forward, the
-checkpointed recompute, and the backward (input gradients; weight gradients too for a full
-fine-tune), over the computed tokens of the token-budget micro-batches (padding included),
+Update. FLOPs of pi_old (none with rl.behaviour_logprobs: engine) and the reference (one
+forward each), then per PPO pass a forward, the checkpointed recompute, and the backward (input
+gradients; weight gradients too for a full fine-tune), over the computed tokens of the token-budget micro-batches (padding included),
 with causal attention's T^2 term; divided by GPUs x peak x MFU.
 
     .venv/bin/pytest tests/test_plan.py -q -k timing
@@ -185,10 +185,12 @@ def update_flops(
     reference: bool,
     checkpointing: bool,
     lora: bool,
+    pi_old: bool = True,
 ) -> float:
     """FLOPs of one step's training forwards and backwards over `groups` of `lengths` (the
     micro-batches of one pass). Per computed token 2 x non-embedding params; attention
-    2 x layers x q_dim x T^2 per sequence (causal, QK^T and AV), T the padded row's length."""
+    2 x layers x q_dim x T^2 per sequence (causal, QK^T and AV), T the padded row's length.
+    pi_old False: no pi_old forward (`rl.behaviour_logprobs: engine`)."""
     non_embedding = arch.params() - arch.vocab * arch.hidden * (1 if arch.tied else 2)
     fwd = 0.0
     for g in groups:
@@ -196,7 +198,7 @@ def update_flops(
         rows = [lengths[i] for i in g] if packed else [max(lengths[i] for i in g)] * len(g)
         fwd += 2 * non_embedding * tokens + 2 * arch.layers * arch.q_dim * sum(t * t for t in rows)
     per_pass = 1 + (1 if checkpointing else 0) + 2 + (0 if lora else 2)  # fwd, recompute, bwd
-    return fwd * (1 + (1 if reference else 0) + passes * per_pass)
+    return fwd * (int(pi_old) + int(reference) + passes * per_pass)
 
 
 def step_micro_batches(
