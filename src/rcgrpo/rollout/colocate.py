@@ -22,7 +22,9 @@ from __future__ import annotations
 import os
 
 ALLOC_CONF = "expandable_segments:True"
-VLLM_ASLEEP_SHARE = 0.03  # a sleeping server's context + LoRA slots (~1.2 GB of ~85 GB)
+# a sleeping server's context + LoRA slots (~1.2 GB of ~85 GB): assumed, not measured (needs vLLM
+# on a GPU: torch.cuda.mem_get_info around its /sleep); docs/memory-plan.md
+VLLM_ASLEEP_SHARE = 0.03
 
 
 def sleep_mode(cfg, profile: str, on_cuda: bool) -> bool:

@@ -188,6 +188,9 @@ LOGITS_SOURCE = "bench/memory.py: 4.0-4.3 fp32 copies of (N, V) at the peak (REA
 # median 99, p95 219, max 1,367. The p95 share: a micro-batch of episodes at their p95.
 SAMPLED_SHARE = 0.033
 SAMPLED_SOURCE = "800 ground truths replayed (qwen-shape tokenizer): p95 of the sampled share"
+# The memory outside PyTorch's allocator below (CUDA context, vLLM's context, NCCL) is assumed:
+# no GPU has run here. scripts/probe_contexts.py measures each on a GPU beside its assumed value
+# (scripts/gpu_update_probe.py runs it first); replace the value with the measurement.
 # Per process: the CUDA context and the caching allocator's slack, both assumptions: a CUDA
 # context with PyTorch's kernels loaded takes a few hundred MB to ~1 GB depending on the GPU
 # and libraries (0.5 GB here); the slack (fragmentation of the caching allocator) is taken as
