@@ -167,6 +167,29 @@ def test_top_variance_keeps_its_share_and_a_step_left_empty_makes_no_update(tmp_
     assert all(torch.equal(a, b) for a, b in zip(before, empty.model.parameters(), strict=True))
 
 
+def test_the_generated_token_budget_counts_dropped_rollouts_and_survives_a_resume(tmp_path):
+    """rl.generated_token_budget: a run stops after the step at which every rollout's sampled
+    tokens (dropped and refilled ones too) reach the budget, and a resumed run stops at the
+    same step (the count is in the checkpoint)."""
+    from test_trainer import run
+
+    dapo = dict(group_filter="drop_zero_variance", refill="oversample", refill_max_rounds=2)
+    t = filtered(tmp_path / "dapo", steps=20, generated_token_budget=300, **dapo)
+    t.score_fn = half_silent
+    history = t.train()
+    spent = [m["rollout/generated_tokens"] for m in history]
+    assert spent == [5 * m["rollout/generated"] for m in history]  # 5 sampled per rollout
+    assert sum(spent[:-1]) < 300 <= sum(spent) and len(history) < 20
+    assert t.engine.generated * 5 == sum(spent) == history[-1]["rollout/generated_tokens_total"]
+    # unfiltered: 12 rollouts x 5 = 60 tokens a step, so a budget of 100 ends after step 2
+    budget = dict(steps=10, generated_token_budget=100, save_every=1)
+    _, full = run(tmp_path / "full", **budget)
+    assert len(full) == 2
+    run(tmp_path / "cut", stop_after=1, **budget)
+    trainer, rest = run(tmp_path / "cut", resume=True, **budget)
+    assert trainer.step == 2 and len(rest) == 1  # not 3: 60 tokens were spent before the cut
+
+
 # -- engine behaviour log-probs, engine importance sampling (rl.behaviour_logprobs, engine_is) --
 
 

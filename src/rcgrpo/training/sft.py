@@ -35,7 +35,7 @@ import torch
 
 from rcgrpo.chat.record import HIGH, LOW, Trajectory
 from rcgrpo.training.forward import with_training_attention
-from rcgrpo.training.optim import learning_rate
+from rcgrpo.training.optim import adamw
 from rcgrpo.training.sft_config import SFTConfig
 
 LogMetrics = Callable[[dict, int], None]
@@ -135,9 +135,7 @@ def train_sft(
         raise ValueError(f"no training examples for mode {cfg.mode!r} in {cfg.data}")
     examples = fit(examples, cfg.max_len)
     torch.manual_seed(cfg.seed)
-    params = [p for p in model.parameters() if p.requires_grad]
-    lr = learning_rate(cfg, hasattr(model, "peft_config"))
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+    params, optimizer = adamw(model, cfg, cfg.weight_decay)
     schedule = batch_schedule(len(examples), cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(len(schedule), cfg.warmup_ratio)

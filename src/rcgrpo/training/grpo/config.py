@@ -33,6 +33,12 @@ class RLConfig:
         8, "[1, inf)", "groups per step; the batch is tasks_per_step * group_size rollouts"
     )
     steps: int = ranged(400, "[1, inf)", 'RL steps, one rollout batch each (paper: "400 epochs")')
+    generated_token_budget: int = ranged(
+        0,
+        "[0, inf)",
+        "stop after the step at which the sampled tokens of every rollout generated (kept or "
+        "dropped) reach this; 0 = run all `steps` (arms compared at equal budget)",
+    )
     inner_epochs: int = ranged(
         1, "[1, inf)", "PPO passes over one step's rollouts (each pass: all mini-batches)"
     )

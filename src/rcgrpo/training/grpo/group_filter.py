@@ -13,8 +13,9 @@ The other known fixes for zero-variance groups, beside RC-GRPO's reward tokens:
 `reward/*` and the zero-variance figures of a step stay those of its first draw (the policy as
 it is, comparable with an unfiltered run); `rollout/groups_dropped` and `rollout/extra_rollouts`
 say what the filter did, `rollout/effective_groups` (every run) how many trained groups carry a
-reward spread, and every rollout of every round counts
-in `rollout/generated` (the budget an arena compares at). A step left with no group makes no
+reward spread, and every rollout of every round counts in `rollout/generated` and its sampled
+tokens in `rollout/generated_tokens` (the budget `rl.generated_token_budget` and the arena
+compare at). A step left with no group makes no
 update (`loss/optimizer_steps` 0).
 
     .venv/bin/pytest tests/test_zero_variance.py -q -k filter
@@ -87,12 +88,12 @@ def collect(roll, cfg) -> tuple[StepRollouts, dict]:
     G, n = cfg.group_size, cfg.tasks_per_step
     first = roll(cfg.seed)
     if cfg.group_filter == "none" and cfg.refill == "none":
-        return first, {}
+        return first, generated([first])
     seen = {f"rollout/{k}": v for k, v in group_reward_stats(first.rewards).items()}
     seen["reward/mean"] = float(first.rewards.mean())
     kept = keep_groups(first.rewards, cfg.group_filter, cfg.top_variance_keep)
     parts, dropped, extra = [subset(first, kept, G)], len(first.tasks) - len(kept), 0
-    rounds = 0
+    rounds, rolled = 0, [first]
     while (
         cfg.refill == "oversample"
         and sum(len(p.tasks) for p in parts) < n
@@ -100,6 +101,7 @@ def collect(roll, cfg) -> tuple[StepRollouts, dict]:
     ):
         rounds += 1
         more = roll(cfg.seed + ROUND_SEED * rounds)
+        rolled.append(more)
         extra += len(more.rollouts)
         kept = keep_groups(more.rewards, cfg.group_filter, cfg.top_variance_keep)
         dropped += len(more.tasks) - len(kept)
@@ -109,6 +111,14 @@ def collect(roll, cfg) -> tuple[StepRollouts, dict]:
         **seen,
         "rollout/groups_dropped": float(dropped),
         "rollout/extra_rollouts": float(extra),
-        "rollout/generated": float(len(first.rollouts) + extra),
+        **generated(rolled),
     }
     return out, metrics
+
+
+def generated(rounds: list[StepRollouts]) -> dict:
+    """What a step generated over its rounds, kept or dropped: rollouts and sampled tokens."""
+    return {
+        "rollout/generated": float(sum(len(r.rollouts) for r in rounds)),
+        "rollout/generated_tokens": float(sum(r.generated_tokens for r in rounds)),
+    }

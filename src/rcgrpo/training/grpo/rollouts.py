@@ -62,6 +62,7 @@ class StepRollouts:
     engine_metrics: dict = field(default_factory=dict)
     records: list = field(default_factory=list)  # (own,) those rollouts whole (agent-loop records)
     first: int = 0  # batch index of records[0] (0 in one process)
+    generated_tokens: int = 0  # sampled tokens of the round as rolled out (before rl.overlong)
 
 
 def draw(tasks: list, cfg: RLConfig, step: int) -> tuple[list, list]:
@@ -120,6 +121,7 @@ def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -
     rollouts = [r for r, _ in gathered]
     scores = [s for _, s in gathered]
     col = 0 if cfg.reward == "paper" else 1
+    generated = sum(int(r.loss_mask.sum()) for r in rollouts)  # before rl.overlong masks any
     rewards = torch.tensor([s[col] for s in scores], dtype=torch.float32).view(-1, G)
     # rl.overlong shapes the training reward only: `rewards` (reward/* metrics) stay the checker's
     shaped, rollouts = shape_overlong(rewards, rollouts, cfg, engine)
@@ -136,6 +138,7 @@ def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -
         engine_metrics,
         records=mine,
         first=start,
+        generated_tokens=generated,
     )
 
 

@@ -39,11 +39,10 @@ import torch
 from rcgrpo.training import checkpoint, distributed, shared_forward, shared_prefix
 from rcgrpo.training.forward import packs
 from rcgrpo.training.grpo import engine_is, group_filter, rollouts, update
-from rcgrpo.training.grpo.config import RLConfig, step_seed
-from rcgrpo.training.grpo.core_algos import minibatch_indices
+from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.metrics import step_metrics
 from rcgrpo.training.heartbeat import for_rank
-from rcgrpo.training.optim import learning_rate
+from rcgrpo.training.optim import adamw
 
 LogMetrics = Callable[[dict, int], None]
 
@@ -97,9 +96,7 @@ class Trainer:
                 self.ref_adapter = add_reference_adapter(self.model)
             else:
                 self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        lr = learning_rate(cfg, hasattr(self.model, "peft_config"))
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.0)
+        self.params, self.optimizer = adamw(self.model, cfg)
         warm = cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
@@ -114,6 +111,7 @@ class Trainer:
         tok = getattr(policy, "tokenizer", None)
         self.pad_id = getattr(tok, "pad_token_id", None) or 0
         self.step = 0
+        self.generated_tokens = 0  # every rollout's sampled tokens so far (budget)
         self.run: dict = {}  # run_identity.begin: {run_id, config_hash}
         self.out = Path(cfg.out_dir)
 
@@ -177,24 +175,9 @@ class Trainer:
             }
         out.records = []  # the whole rollouts (token lists, messages) not kept through the update
         batch = update.to_batch(out.rollouts, self.pad_id)
-        # PPO schedule; the shuffle has a generator of its own (seeded by the step, not by
-        # draw's stream) so that a resumed run visits the rollouts in the same order.
-        shuffle = torch.Generator().manual_seed(2**32 + step_seed(cfg.seed, step))
         lengths = [len(r.ids) for r in out.rollouts]
         packed = packs(self.model)  # flash-attention: micro-batches are padding-free rows
-        passes = minibatch_indices(
-            len(out.rollouts),
-            cfg.mini_batch_size,
-            cfg.micro_batch_size,
-            cfg.inner_epochs,
-            shuffle,
-            lengths,
-            cfg.max_tokens_per_micro_batch,
-            packed,
-            [int(r.loss_mask.sum()) for r in out.rollouts],
-            cfg.max_sampled_per_micro_batch,
-            [r.ids.tolist() for r in out.rollouts] if self.shared else None,  # computed tokens
-        )
+        passes = update.schedule(cfg, out.rollouts, step, packed, self.shared)
         use_ref = (self.ref_model is not None or self.ref_adapter is not None) and cfg.kl_coef > 0
         # pi_old and the reference sharded like the update (update.first_pass_share), then
         # summed over the ranks (later passes reshuffle the micro-batches between ranks)
@@ -243,6 +226,7 @@ class Trainer:
             self.optimizer,
             self.scheduler,
             step,
+            extra={"generated_tokens": self.generated_tokens},
             run=self.run,
         )
 
@@ -255,7 +239,9 @@ class Trainer:
         ckpt, self.run = begin(self.out, dataclasses.asdict(self.cfg), resume, main)
         if ckpt is None:
             return 0
-        self.step = checkpoint.load(ckpt, self.model, self.optimizer, self.scheduler)["step"]
+        state = checkpoint.load(ckpt, self.model, self.optimizer, self.scheduler)
+        self.step = state["step"]
+        self.generated_tokens = int((state["extra"] or {}).get("generated_tokens", 0))
         self.engine.sync(self.policy)
         return self.step
 
@@ -277,9 +263,14 @@ class Trainer:
         self._trim_metrics()
         history = []
         last = self.cfg.steps if stop_after is None else min(stop_after, self.cfg.steps)
+        budget = self.cfg.generated_token_budget
         for step in range(self.step + 1, last + 1):
+            if budget and self.generated_tokens >= budget:
+                break  # the budget is spent: every arm of a comparison stops at the same one
             metrics = self.train_step(step)
             self.step = step
+            self.generated_tokens += int(metrics["rollout/generated_tokens"])
+            metrics["rollout/generated_tokens_total"] = float(self.generated_tokens)
             history.append(metrics)
             if not distributed.is_main():  # under accelerate rank 0 writes and logs
                 continue

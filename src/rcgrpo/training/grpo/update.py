@@ -32,8 +32,8 @@ import torch
 from rcgrpo.training import balance, shared_forward
 from rcgrpo.training.forward import masked_hidden, scatter, with_training_attention
 from rcgrpo.training.grpo import engine_is
-from rcgrpo.training.grpo.config import RLConfig
-from rcgrpo.training.grpo.core_algos import policy_loss
+from rcgrpo.training.grpo.config import RLConfig, step_seed
+from rcgrpo.training.grpo.core_algos import minibatch_indices, policy_loss
 from rcgrpo.training.grpo.head import head_logprobs
 
 
@@ -245,3 +245,23 @@ def ppo_updates(
         first.copy_(ranks.merge(first)[0])
     model.eval()
     return updates
+
+
+def schedule(cfg: RLConfig, rollouts: list, step: int, packed: bool, shared: bool) -> list:
+    """The step's PPO passes of mini-batches of micro-batch index tensors
+    (core_algos.minibatch_indices). The shuffle has a generator of its own, seeded by the step
+    (not by draw's stream), so that a resumed run visits the rollouts in the same order."""
+    shuffle = torch.Generator().manual_seed(2**32 + step_seed(cfg.seed, step))
+    return minibatch_indices(
+        len(rollouts),
+        cfg.mini_batch_size,
+        cfg.micro_batch_size,
+        cfg.inner_epochs,
+        shuffle,
+        [len(r.ids) for r in rollouts],
+        cfg.max_tokens_per_micro_batch,
+        packed,
+        [int(r.loss_mask.sum()) for r in rollouts],
+        cfg.max_sampled_per_micro_batch,
+        [r.ids.tolist() for r in rollouts] if shared else None,  # sharing: computed tokens
+    )
