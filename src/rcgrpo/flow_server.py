@@ -22,7 +22,7 @@ from pathlib import Path
 
 from rcgrpo.procs import port_is_mine
 from rcgrpo.runtime import apply_defaults
-from rcgrpo.servers import HOST, _logs, _spawn, answers, prefect_auth, stop, wait_ready
+from rcgrpo.servers import HOST, _logs, _spawn, answers, prefect_auth, stop, uvicorn, wait_ready
 
 
 def prefect_api_running(port: int = 4200, home: Path | None = None) -> tuple[str, str] | None:
@@ -72,25 +72,8 @@ def private_prefect(log_dir: Path | None = None, timeout: float | None = None):
         "PREFECT__SERVER_FINAL": "1",
     }
     site = str(Path(importlib.util.find_spec("prefect").origin).parents[1])
-    # --app-dir: uvicorn would put its working directory first on sys.path otherwise
-    cmd = [
-        sys.executable,
-        "-P",
-        "-m",
-        "uvicorn",
-        "--app-dir",
-        site,
-        "--factory",
-        "prefect.server.api.server:create_app",
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--log-level",
-        "error",
-        "--lifespan",
-        "on",
-    ]
+    factory = "prefect.server.api.server:create_app"
+    cmd = uvicorn(site, factory, port, "--log-level", "error", "--lifespan", "on")
     url = f"http://{HOST}:{port}"
     log = _logs(log_dir) / "prefect-private.log"
     server = _spawn("Prefect API (this command's)", cmd, env, url, f"{url}/api/health", log)

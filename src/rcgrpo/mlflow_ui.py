@@ -35,12 +35,11 @@ import hashlib
 import hmac
 import os
 import secrets
-import sys
 import uuid
 from pathlib import Path
 
 from rcgrpo.runtime import apply_defaults
-from rcgrpo.servers import HOST, Server, _logs, _spawn, check_port
+from rcgrpo.servers import HOST, Server, _logs, _spawn, check_port, uvicorn
 
 USER = "rcgrpo"
 PASSWORD_FILE = "ui-password"  # in the store folder, mode 0600
@@ -150,22 +149,7 @@ def start_mlflow(store: Path, port: int = 5000, log_dir: Path | None = None) -> 
         "MLFLOW_ENABLE_AI_GATEWAY": "true" if os.environ.get("RCGRPO_MLFLOW_GATEWAY") else "false",
     }
     src = str(Path(__file__).resolve().parents[1])  # --app-dir: never the working directory
-    cmd = [
-        sys.executable,
-        "-P",
-        "-m",
-        "uvicorn",
-        "--app-dir",
-        src,
-        "--factory",
-        "rcgrpo.mlflow_ui:create_app",
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-        "--log-level",
-        "warning",
-    ]
+    cmd = uvicorn(
+        src, "rcgrpo.mlflow_ui:create_app", port, "--workers", "1", "--log-level", "warning"
+    )
     return _spawn("MLflow UI", cmd, env, url, f"{url}/health", _logs(log_dir) / "mlflow-ui.log")

@@ -88,6 +88,13 @@ def _spawn(name: str, cmd: list[str], env: dict, url: str, health: str, log: Pat
     return Server(name, proc, url, health, log)
 
 
+def uvicorn(app_dir: str, factory: str, port: int, *options: str) -> list[str]:
+    """The command serving the ASGI app `factory` ("module:function") on HOST:port. `-P` and
+    --app-dir: the working directory never enters sys.path (a planted module there would run)."""
+    cmd = [sys.executable, "-P", "-m", "uvicorn", "--app-dir", app_dir, "--factory", factory]
+    return [*cmd, "--host", HOST, "--port", str(port), *options]
+
+
 def _logs(log_dir: Path | None) -> Path:
     return Path(log_dir or project_root() / "cache" / "logs")
 
