@@ -94,6 +94,18 @@ def test_config_show_rl_prints_value_default_rule_and_help_of_every_field():
     )
 
 
+def test_config_show_resolves_a_variant_as_rcgrpo_run_does():
+    """`--variant rctp+grpo`: the variant's RL fields (goal always high) on top of the preset,
+    as `rcgrpo run --variant rctp+grpo` trains; the last line names the layers shown."""
+    out = cli("config", "show", "rl", "--preset", "cpu", "--variant", "rctp+grpo")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {ln.split()[0]: ln.split() for ln in out.stdout.splitlines() if ln.startswith("  ")}
+    assert rows["p_high"][:3] == ["p_high", "1.0", "*"] and rows["steps"][1] == "20"
+    assert out.stdout.strip().splitlines()[-1].startswith(
+        "(params.yaml + preset cpu + variant rctp+grpo;"
+    )
+
+
 def test_config_show_refuses_a_bad_value_in_the_usual_one_line():
     out = cli("config", "show", "rl", "--set", "rl.p_high=7.0")
     assert out.returncode == 2 and out.stderr.strip() == "error: rl.p_high=7.0: must be in [0, 1]"

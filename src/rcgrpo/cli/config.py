@@ -3,13 +3,15 @@
 Each field is declared once, in its stage's config dataclass: `ranged(default, "[lo, hi]",
 "help")` for a number, `setting(default, "help")` for anything else, a `Literal[...]` annotation
 for a choice (rcgrpo.fields). `show` prints that declaration beside the value a command would
-use: the params.yaml section, then the preset's layer (`--preset`), then `--set`s, built and
-checked as every command builds it (a bad value fails in the same one line). `comments` writes
+use: the params.yaml section, then the preset's layer (`--preset`), the variant's RL fields
+(`--variant`), then `--set`s, resolved once by rcgrpo.run_config.resolve as `rcgrpo run`
+resolves them (a bad value fails in the same one line). `comments` writes
 the same help into params.yaml as the trailing comment of each field's line (full-line comments,
 which say why a value was chosen, are kept); tests/test_config_show.py checks it is up to date.
 
     rcgrpo config show rl
     rcgrpo config show rollout --preset cpu --set rollout.engine=vllm
+    rcgrpo config show rl --preset cpu --variant rctp+grpo   # what `rcgrpo run` trains with
     rcgrpo config comments            # rewrite params.yaml's field comments from the help
 """
 
@@ -23,22 +25,6 @@ from pathlib import Path
 import typer
 
 app = typer.Typer(no_args_is_help=True, help="The settings of params.yaml: values, rules, help.")
-
-
-def section_values(section: str, params: dict, preset: str = "", sets: dict | None = None):
-    """The built dataclass of `section`: params.yaml's values, the preset's layer, then `sets`."""
-    from rcgrpo.config import ConfigError, build, section_class
-
-    values = dict(params.get(section) or {})
-    where = "params.yaml"
-    if preset:
-        presets = params.get("presets") or {}
-        if preset not in presets:
-            raise ConfigError(f"--preset {preset}: not in params.yaml presets {sorted(presets)}")
-        values.update((presets[preset] or {}).get(section) or {})
-        where += f" presets.{preset}"
-    values.update((sets or {}).get(section) or {})
-    return build(section_class(section), values, section, where)
 
 
 def rows(cfg) -> list[tuple[str, str, str, str, str]]:
@@ -76,18 +62,29 @@ def table(section: str, cfg, width: int = 100) -> str:
 def show_cmd(
     section: str = typer.Argument("", help="one params.yaml section (default: all of them)"),
     preset: str = typer.Option("", help="apply this params.yaml preset (e.g. cpu) on top"),
+    variant: str = typer.Option("", help="apply this variant's RL fields (e.g. rctp+grpo)"),
     set_: list[str] = typer.Option([], "--set", help="section.key=value on top (repeatable)"),
     params: Path = typer.Option(None, help="another params.yaml"),
 ):
     """Each field: the value a command would use, its default, its range or choices, its help."""
     from rcgrpo.config import SECTIONS, ConfigError, parse_sets, read_params
+    from rcgrpo.run_config import resolve
 
     if section and section not in SECTIONS:
         raise ConfigError(f"config show {section}: no such section; valid: {sorted(SECTIONS)}")
     data = read_params(params)
     sets = parse_sets(set_, sectioned=True, path=params, together=False)
+    rc = resolve(data, preset, variant, sets)  # as `rcgrpo run` builds it, once
     names = [section] if section else list(SECTIONS)
-    typer.echo("\n\n".join(table(s, section_values(s, data, preset, sets)) for s in names))
+    typer.echo("\n\n".join(table(s, getattr(rc, s)) for s in names))
+    pp = data.get("pipeline") or {}
+    given = [("preset", preset), ("variant", variant), ("--set", " ".join(set_))]
+    layers = " + ".join(["params.yaml", *[f"{k} {v}" for k, v in given if v]])
+    typer.echo(
+        f"\n({layers}; `rcgrpo train` and dvc.yaml read params.yaml as it is, `rcgrpo run` adds "
+        f"--preset {pp.get('preset', 'cpu')} --variant {pp.get('variant', 'rctp+rc-grpo')} "
+        "unless given)"
+    )
 
 
 # -- params.yaml comments, written from the help -------------------------------------------------
