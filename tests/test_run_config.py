@@ -86,6 +86,23 @@ def test_run_config_json_round_trips_and_a_bad_edit_fails_in_one_line(tmp_path):
         RunConfig.load(path)
 
 
+def test_a_run_config_written_before_a_section_existed_still_loads(tmp_path):
+    """A run_config.json (or a scheduled run's JSON parameter) from a version without a
+    section, e.g. `retention`, loads with that section's defaults; an unknown one still fails."""
+    from rcgrpo.tracking.retention import RetentionConfig
+
+    rc = resolve(None, "cpu", "rctp+rc-grpo", {"rl": {"steps": 3}}, ["rl"])
+    data = json.loads(rc.write(tmp_path / "run_config.json").read_text())
+    del data["retention"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = RunConfig.load(tmp_path / "old.json")
+    assert old.retention == RetentionConfig() and old.rl == rc.rl
+    data["retentoin"] = {}
+    (tmp_path / "typo.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"unknown sections \['retentoin'\]"):
+        RunConfig.load(tmp_path / "typo.json")
+
+
 @pytest.mark.slow
 def test_a_stage_runs_and_logs_to_mlflow_without_reading_params_yaml(
     tmp_path, mlflow_store, monkeypatch

@@ -97,9 +97,9 @@ class RunConfig:
         plan = build(Plan, plan_values, "pipeline", source)
         if unknown := sorted(set(data) - set(SECTIONS)):
             raise ConfigError(f"{source}: unknown sections {unknown}")
-        if missing := sorted(set(SECTIONS) - set(data)):
-            raise ConfigError(f"{source}: missing sections {missing}")
-        built = {k: build(section_class(k), v, k, source) for k, v in data.items()}
+        # a section added after the file was written takes its defaults, as a field added to a
+        # section does: a run config (or a scheduled run's parameter) from before still loads
+        built = {k: build(section_class(k), data.get(k) or {}, k, source) for k in SECTIONS}
         return cls(**built, plan=plan)
 
 
