@@ -20,10 +20,12 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from rcgrpo.rollout import vllm_lifecycle
+from rcgrpo.rollout.vllm_lifecycle import IPC_PREFIX, ipc_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 OWNER = ROOT / "tests" / "lifecycle_owner.py"
@@ -115,10 +118,15 @@ def test_kill_9_of_the_owner_leaves_no_server_within_10_s(tmp_path):
         env = environ(pids["server"])
         assert not set(LAUNCHER) & set(env), "the launcher's variables reached the server"
         assert "VLLM_API_KEY" in env
+        ipc = Path(env["VLLM_RPC_BASE_PATH"])  # the server's sockets, in a folder of its own
+        assert ipc.name.startswith(IPC_PREFIX) and any(p.is_socket() for p in ipc.iterdir())
+        assert len(str(ipc)) < 107 - 37  # its long TMPDIR would not hold a socket path
         os.kill(pids["owner"], signal.SIGKILL)
         took = gone_within([pids["server"], pids["guard"]], 10.0)
         print(f"kill -9 of the owner: server gone in {took} s")
         assert took is not None, "the vLLM server outlived its kill -9'd owner by 10 s"
+        shutil.rmtree(ipc_dir())  # the next server start sweeps the dead owner's sockets
+        assert not ipc.exists()
     finally:
         end(proc, list(pids.values()))
 
@@ -218,6 +226,8 @@ def test_three_evaluations_one_server_at_a_time_one_export_nothing_left(
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     run_dir = tmp_path / "outputs" / "served-run"
+    tmp = Path(tempfile.gettempdir())
+    sockets_before = {p for p in tmp.iterdir() if p.is_socket()}
     try:
         with served_bases(run_dir):
             for i in range(3):  # before RL, after RL, held-out: the pipeline's three
@@ -242,3 +252,6 @@ def test_three_evaluations_one_server_at_a_time_one_export_nothing_left(
     assert most[0] == 1
     assert not run_dir.exists()  # the run's served bases are gone with it
     assert my_servers() == []
+    # vLLM's ZMQ sockets were in each server's own folder, gone with it (not in the temp dir)
+    assert not [p for p in tmp.glob(f"{IPC_PREFIX}{os.getpid()}-*")]
+    assert {p for p in tmp.iterdir() if p.is_socket()} <= sockets_before

@@ -217,7 +217,7 @@ def test_config_ranges_are_checked_before_anything_runs():
 
 
 def test_prometheus_text_is_summed_over_label_sets():
-    from rcgrpo.rollout.vllm_server import parse_metrics
+    from rcgrpo.rollout.call_stats import parse_metrics
 
     text = (
         "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in tokens.\n"

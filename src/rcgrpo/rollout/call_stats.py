@@ -12,6 +12,8 @@ VLLMEngine.counters returns: {"metrics": [per server], "busy": [s], "served": [n
 
 from __future__ import annotations
 
+import contextlib
+
 
 def per_server(before: dict, after: dict, wall: float) -> list[dict[str, float]]:
     """One dict per server: busy_frac, requests, queries, hits, prompt_tokens over the call."""
@@ -61,3 +63,16 @@ def merge_stats(parts: list[dict]) -> dict:
         "perf/in_flight_max": max(p.get("perf/in_flight_max", 0.0) for p in parts),
         "rollout/episode_errors": sum(p.get("rollout/episode_errors", 0.0) for p in parts),
     }
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {metric name: value summed over its label sets} (`# ...` skipped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name = name_labels.split("{", 1)[0]
+        with contextlib.suppress(ValueError):
+            out[name] = out.get(name, 0.0) + float(value)
+    return out

@@ -12,7 +12,8 @@ the owner dies:
   * `scrubbed` drops the launcher's variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*,
     TORCHELASTIC_*): a server started by a torchrun rank must not think it is one;
   * `leftovers` names a server of this project still running with no guard above it (left by
-    an earlier run that died before the guard existed, or whose guard was killed), in one line.
+    an earlier run that died before the guard existed, or whose guard was killed), in one line;
+  * `ipc_dir` keeps a server's ZMQ sockets in a folder of its own, removed with the server.
 
     .venv/bin/pytest tests/test_lifecycle.py -q
 """
@@ -99,6 +100,37 @@ def leftovers() -> list[int]:
     """Servers of this project whose owner is gone (their parent is no Python process: init or
     a subreaper adopted them): nobody will ever stop them."""
     return [pid for pid in servers_running() if "python" not in _cmdline(_ppid(pid))]
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+IPC_PREFIX = "rcgrpo-vllm-ipc-"  # + the owner's pid: the temp-dir folder of a server's sockets
+
+
+def ipc_dir() -> Path:
+    """A new folder for one server's ZMQ sockets (vLLM binds ipc://<VLLM_RPC_BASE_PATH>/<uuid>,
+    by default straight in the temp dir, where every server left its sockets behind). Its path
+    stays short, since a socket path may not pass 107 bytes: in the temp dir, or in /tmp where
+    $TMPDIR is long. VLLMServer.stop removes it; the folders of owners that died without
+    stopping go at the next server start."""
+    import os
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.gettempdir())
+    if len(str(base)) + len(IPC_PREFIX) + 60 > 107:  # pid-random/ + a 36-char uuid
+        base = Path("/tmp")
+    for old in base.glob(f"{IPC_PREFIX}*"):
+        owner = old.name[len(IPC_PREFIX) :].split("-")[0]
+        if owner.isdigit() and not _running(int(owner)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-", dir=base))
 
 
 def leftover_line(pids: list[int]) -> str:

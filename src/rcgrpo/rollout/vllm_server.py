@@ -44,6 +44,7 @@ from pathlib import Path
 
 from rcgrpo.procs import guarded
 from rcgrpo.rollout import colocate, vllm_lifecycle
+from rcgrpo.rollout.call_stats import parse_metrics
 from rcgrpo.rollout.vllm_lifecycle import group_alive
 from rcgrpo.rollout.vllm_venv import cuda, ensure_venv
 
@@ -56,19 +57,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {metric name: value summed over its label sets} (`# ...` skipped)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_labels, _, value = line.rpartition(" ")
-        name = name_labels.split("{", 1)[0]
-        with contextlib.suppress(ValueError):
-            out[name] = out.get(name, 0.0) + float(value)
-    return out
 
 
 class VLLMServer:
@@ -91,6 +79,7 @@ class VLLMServer:
         self.proc: subprocess.Popen | None = None  # the guard (rcgrpo.procs) above the server
         self.port = 0
         self.home: Path | None = None  # private folder: working directory and guard module
+        self.ipc: Path | None = None  # vLLM's ZMQ sockets (vllm_lifecycle.ipc_dir)
         self._conns = threading.local()  # one keep-alive connection per client thread
         self._opened: list[http.client.HTTPConnection] = []  # all of them, closed by stop()
 
@@ -128,6 +117,7 @@ class VLLMServer:
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
             HF_HUB_OFFLINE="1",
+            VLLM_RPC_BASE_PATH=str(self.ipc),  # not the shared temp dir, where they were left
         )
         if self.dev_routes:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep, /wake_up, /is_sleeping (key-guarded)
@@ -149,6 +139,7 @@ class VLLMServer:
         self.port = free_port()
         # mode 0700, beside its log (inside a run: under the run's folder, gone with it)
         self.home = Path(tempfile.mkdtemp(prefix="rcgrpo-vllm-home-", dir=self.log_path.parent))
+        self.ipc = vllm_lifecycle.ipc_dir()  # its ZMQ sockets (a short path), removed by stop()
         shutil.copyfile(Path(__file__).with_name("vllm_guard.py"), self.home / f"{GUARD}.py")
         with open(self.log_path, "w") as log:
             # own session = own process group: stop() signals the API server and its engine core
@@ -280,8 +271,9 @@ class VLLMServer:
         for conn in self._opened:  # other threads' keep-alive sockets (no ResourceWarning)
             conn.close()
         self._opened.clear()
-        if self.home is not None:
-            shutil.rmtree(self.home, ignore_errors=True)
+        for folder in (self.home, self.ipc):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
         if proc is None:
             return
         atexit.unregister(self.stop)
