@@ -24,8 +24,6 @@ def main() -> None:
     ap.add_argument("--shard", type=int, default=4, help="episodes per shard")
     args = ap.parse_args()
     apply_defaults()
-    import ray
-
     from rcgrpo.bfcl.tasks import tasks_in
     from rcgrpo.chat.record import HIGH
     from rcgrpo.models.loading import load_policy
@@ -43,9 +41,7 @@ def main() -> None:
         cfg = ExecutionConfig(backend="ray" if workers else "local", workers=max(1, workers),
                               shard_size=args.shard, memory_per_worker_gb=0.5)  # fmt: skip
         t0 = time.perf_counter()
-        if workers:
-            ray.init(num_cpus=2, object_store_memory=100 * 2**20, include_dashboard=False)
-        with session(cfg) as backend:
+        with session(cfg) as backend:  # ray: rcgrpo's own connect (a private session folder)
             engine = backend.engine(policy, spec)
             if workers:  # wait for the workers to load their model: start-up, not rollout
                 backend.worker_states()
@@ -53,8 +49,6 @@ def main() -> None:
             t1 = time.perf_counter()
             out = engine.rollout(tasks, HIGH, "combined", seed=0)
             times[name] = time.perf_counter() - t1
-        if workers:
-            ray.shutdown()
         ref = ref or [r.ids for r in out]
         same = [r.ids for r in out] == ref
         print(f"{name:6s} rollout {times[name]:6.2f} s  startup {startup:5.1f} s  "

@@ -46,6 +46,7 @@ def launch_two(stage: str, out: Path) -> dict:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
+        "TMPDIR": str(out.parent),  # torch.distributed.run's torchelastic_* folders: not in /tmp
     }
     # --multi_gpu starts the ranks with torch.distributed.run; on a box without a GPU the
     # Accelerator runs them on the CPU over gloo (`--cpu` alone would start 1 process, or

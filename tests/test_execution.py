@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import threading
 import time
 
@@ -33,10 +34,14 @@ def test_shards_are_whole_groups():
 @pytest.fixture(scope="module")
 def cluster():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, object_store_memory=100 * 2**20, include_dashboard=False,
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})  # fmt: skip
-    yield ray
-    ray.shutdown()
+    # its session folder in a short private folder removed after (as rcgrpo's own connect):
+    # Ray's default /tmp/ray keeps every session's logs and sockets
+    with tempfile.TemporaryDirectory(prefix="rcgrpo-ray-", ignore_cleanup_errors=True) as tmp:
+        ray.init(num_cpus=2, object_store_memory=100 * 2**20, include_dashboard=False,
+                 runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}},
+                 _temp_dir=os.path.join(tmp, "ray"))  # fmt: skip
+        yield ray
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
