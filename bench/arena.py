@@ -146,7 +146,7 @@ def table(results: dict, before: list[dict]) -> list[str]:
 
 
 def plot(results: dict, path: Path) -> Path:
-    from rcgrpo.evaluation.plots import pyplot
+    from rcgrpo.evaluation.plots import pyplot, save
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
@@ -159,13 +159,7 @@ def plot(results: dict, path: Path) -> Path:
         title="reward/mean per step (each seed)", xlabel="generated tokens", ylabel="reward"
     )
     axes[1].set(title="effective-group fraction", xlabel="generated tokens", ylim=(-0.05, 1.05))
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, axes, path, legend=7)
 
 
 def run_arena(arms: list[str], seeds: list[int], preset: str, steps: int, out: Path) -> None:

@@ -125,7 +125,7 @@ def run_variant(name, start, tasks, params, preset, seed, rollout_cfg, steps, ou
 
 
 def plot(results: dict, path: Path) -> Path:
-    from rcgrpo.evaluation.plots import pyplot
+    from rcgrpo.evaluation.plots import pyplot, save
 
     plt = pyplot()
 
@@ -139,13 +139,7 @@ def plot(results: dict, path: Path) -> Path:
     axes[0].set(title="reward/mean (mean over seeds)", xlabel="RL step", ylabel="reward")
     axes[1].set(title="rollout/zero_variance_frac (mean over seeds)", xlabel="RL step",
                 ylabel="fraction of groups", ylim=(-0.05, 1.05))  # fmt: skip
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, axes, path)
 
 
 def fmt(k: int, n: int) -> str:

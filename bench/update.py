@@ -30,16 +30,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from memory import status_kb  # bench/memory.py: /proc/self/status fields
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 GB = 1e9
-
-
-def status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} missing from /proc/self/status")
 
 
 def episodes(tasks_per_category: int, group: int, seed: int):

@@ -22,6 +22,18 @@ def pyplot():
     return plt
 
 
+def save(fig, axes, path: Path, legend: int = 8) -> Path:
+    """A figure of line charts written out: each of `axes` gridded with a legend, laid out, saved
+    as PNG at `path` and closed (pyplot keeps every open figure otherwise)."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=legend)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
 def accuracy_plot(report: dict, path: Path, checker: str = "bfcl"):
     """Bars per category (+ pooled, category mean) per reward token, Wilson 95% error bars."""
     runs = report.get("runs") or {}

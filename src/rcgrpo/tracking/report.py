@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rcgrpo.evaluation.plots import accuracy_plot, pyplot
+from rcgrpo.evaluation.plots import accuracy_plot, pyplot, save
 
 PAPER_TABLE1 = {  # pooled accuracy (%) on the 80 test tasks, Qwen2.5-7B / Llama-3.1-8B
     "base model": (11.25, 0.00),
@@ -47,12 +47,7 @@ def line_plot(series: dict[str, list[tuple[int, float]]], title: str, ylabel: st
         steps, values = zip(*points, strict=True)
         ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=name)
     ax.set(title=title, xlabel="step", ylabel=ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, [ax], path)
 
 
 def _pct(a: dict | None) -> str:
