@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+import pytest
 import torch
 from test_trainer import tiny_policy
 
@@ -214,3 +215,32 @@ def test_one_evaluation_reports_the_toy_checks_by_name(tmp_path):
     assert not any(k.startswith(("eval/paper", "eval/bfcl")) for k in flat)
     assert set(report["gap"]) == {"correct", "used_add"}
     assert not (tmp_path / "bfcl_results").exists()  # bfcl-eval's files are BFCL's alone
+
+
+def test_bfcl_scorer_names_its_checks_and_trains_on_rl_reward():
+    from rcgrpo.bfcl.checkers import ground_truth_calls
+    from rcgrpo.bfcl.tasks import get_task
+    from rcgrpo.rollout.bfcl_environment import BFCL
+    from rcgrpo.training.grpo.metrics import other_check
+
+    task = get_task("multi_turn_base_0")
+    replayed = BFCL.scorer("bfcl")(task, SimpleNamespace(calls=ground_truth_calls(task)))
+    assert (replayed.train, dict(replayed.checks)) == (1.0, {"paper": 1, "bfcl": 1})
+    carried = SimpleNamespace(trajectory=SimpleNamespace(paper_reward=1, bfcl_reward=0))
+    assert BFCL.scorer("bfcl", "paper")(task, carried).train == 1.0
+    assert BFCL.scorer("bfcl", "bfcl")(task, carried).train == 0.0
+    # reward/other_checker_mean: trained on paper, the bfcl check's mean, (0 + 1 + 1) / 3
+    scores = [Rewards(1.0, {"paper": 1, "bfcl": 0}), Rewards(0.0, {"paper": 0, "bfcl": 1})]
+    scores.append(Rewards(1.0, {"paper": 1, "bfcl": 1}))
+    assert other_check(scores, "paper") == pytest.approx(2 / 3)  # a float32 mean, as before
+    assert other_check(scores, "bfcl") == pytest.approx(2 / 3)  # the paper check's, (1+0+1)/3
+    assert other_check([Rewards(1.0, {"correct": 1})], "paper") is None
+
+
+def test_a_bfcl_outcome_line_keeps_its_layout():
+    """outcomes.jsonl: the named checks are written flat, where the paper/bfcl fields were."""
+    from rcgrpo.evaluation.evaluate import Outcome
+
+    row = Outcome("multi_turn_base_0", "base", "high", 0, "bfcl", {"paper": 1, "bfcl": 0}).row()
+    keys = ["task_id", "category", "token", "seed", "protocol", "paper", "bfcl", "calls", "reasons"]
+    assert list(row) == keys and (row["paper"], row["bfcl"]) == (1, 0)

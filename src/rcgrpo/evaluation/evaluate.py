@@ -80,8 +80,8 @@ class Outcome:
     def row(self) -> dict:
         """Its outcomes.jsonl line: the checks by name beside the other fields."""
         row = asdict(self)
-        calls, reasons = row.pop("calls"), row.pop("reasons")
-        return {**row, **row.pop("checks"), "calls": calls, "reasons": reasons}
+        checks, calls, reasons = row.pop("checks"), row.pop("calls"), row.pop("reasons")
+        return {**row, **checks, "calls": calls, "reasons": reasons}
 
 
 def eval_tasks(cfg: EvalConfig) -> list[Task]:
