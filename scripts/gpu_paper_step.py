@@ -190,10 +190,12 @@ def random_policy(profile: str, device: str, seed: int):
     return finish_policy(model, tokenizer, cfg)
 
 
-def parity(task, rollout) -> tuple[int, int]:
+def parity(task, rollout):
     """Stand-in reward for random weights: the parity of the sampled ids' sum."""
+    from rcgrpo.rollout.environment import Rewards
+
     r = sum(t for t, m in zip(rollout.ids, rollout.loss_mask, strict=True) if m) % 2
-    return r, r
+    return Rewards(float(r), {"paper": r, "bfcl": r})
 
 
 def instrument(report: Report, counts: dict) -> None:

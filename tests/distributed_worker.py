@@ -43,11 +43,13 @@ def data(n: int = 12):
     return out
 
 
-def parity_reward(task, rollout) -> tuple[int, int]:
+def parity_reward(task, rollout):
     """A stand-in reward with variance (a random tiny model never solves a BFCL task, so every
     group would be all-0 and the update would vanish): the parity of the sampled ids' sum."""
+    from rcgrpo.rollout.environment import Rewards
+
     r = int(sum(int(t) for t, m in zip(rollout.ids, rollout.loss_mask, strict=True) if m) % 2)
-    return r, r
+    return Rewards(float(r), {"paper": r, "bfcl": r})
 
 
 def rl_hf(out_dir: str, engine_logprobs: bool = False) -> dict:

@@ -339,12 +339,13 @@ def test_vllm_reward_rows_stay_frozen_through_the_trainer_and_a_real_step(
     from dataclasses import replace
 
     from rcgrpo.models.export import reward_rows
+    from rcgrpo.rollout.environment import Rewards
     from rcgrpo.training.grpo.config import RLConfig
     from rcgrpo.training.grpo.trainer import Trainer
 
     def parity(task, rollout):  # a reward with variance: the random tiny model solves nothing
         r = sum(t for t, m in zip(rollout.ids, rollout.mask, strict=True) if m) % 2
-        return r, r
+        return Rewards(float(r), {"paper": r, "bfcl": r})
 
     rows = {n: p for n, p in lora_policy.model.named_parameters() if "trainable_tokens" in n}
     cfg = RLConfig(tasks_per_step=3, group_size=4, steps=1, lr=5e-2, kl_coef=0.1,

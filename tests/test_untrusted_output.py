@@ -40,7 +40,9 @@ def test_injected_text_is_what_the_filter_must_stop():
 def test_result_files_carry_only_literal_calls_to_the_tasks_functions(tmp_path):
     good = ["cd(folder='document')", "mkdir(dir_name='temp')"]
     calls = [[[good[0], *HOSTILE], HOSTILE[:2]], [[good[1]]], []]
-    outcome = Outcome("multi_turn_base_0", "base", "high", 0, "bfcl", 0, 0, calls)
+    outcome = Outcome(
+        "multi_turn_base_0", "base", "high", 0, "bfcl", {"paper": 0, "bfcl": 0}, calls
+    )
     (path,) = write_bfcl_results([outcome], tmp_path, "m")
     row = json.loads(path.read_text())
     assert row == {"id": "multi_turn_base_0", "result": [["[cd(folder='document')]", "[]"],
@@ -63,7 +65,9 @@ def test_export_form_is_our_canonical_print():
 
 
 def test_unknown_task_exports_no_call(tmp_path):
-    outcome = Outcome("custom_9", "base", "high", 0, "bfcl", 0, 0, [[["cd(folder='a')"]]])
+    outcome = Outcome(
+        "custom_9", "base", "high", 0, "bfcl", {"paper": 0, "bfcl": 0}, [[["cd(folder='a')"]]]
+    )
     (path,) = write_bfcl_results([outcome], tmp_path, "m")
     assert json.loads(path.read_text())["result"] == [["[]"]]
 
@@ -117,7 +121,9 @@ def test_an_int_python_cannot_print_is_an_error_observation_not_a_crash(tmp_path
     episode = Episode(get_task("multi_turn_base_0"))
     step = episode.step(f"[{HUGE}, ls()]")
     assert "13,000 bits" in str(step) and not step.calls
-    outcome = Outcome("multi_turn_base_0", "base", "high", 0, "bfcl", 0, 0, [[[HUGE, "ls()"]]])
+    outcome = Outcome(
+        "multi_turn_base_0", "base", "high", 0, "bfcl", {"paper": 0, "bfcl": 0}, [[[HUGE, "ls()"]]]
+    )
     (path,) = write_bfcl_results([outcome], tmp_path, "m")
     assert json.loads(path.read_text())["result"] == [["[ls()]"]]
     assert export_form(HUGE, frozenset({"cd"})) is None

@@ -12,6 +12,8 @@ import pytest
 import torch
 from test_trainer import TASKS, ToyEngine, tiny_policy
 
+from rcgrpo.rollout.bfcl_environment import BFCL
+from rcgrpo.rollout.environment import Rewards
 from rcgrpo.training.distributed import Single
 from rcgrpo.training.grpo import rollouts
 from rcgrpo.training.grpo.config import RLConfig
@@ -65,7 +67,7 @@ def step(overlong: str):
     )
     ranks = Single(policy.model, list(policy.model.parameters()))
     tasks, tokens = rollouts.draw(TASKS, cfg, 1)
-    score = lambda t, r: (r.trajectory.paper_reward, r.trajectory.bfcl_reward)  # noqa: E731
+    score = BFCL.scorer(cfg.protocol, cfg.reward)  # reads the rollouts' own verdicts
     return rollouts.roll_out(BudgetEngine(policy), ranks, tasks, tokens, cfg, 1, score)
 
 
@@ -73,7 +75,7 @@ def step(overlong: str):
 def test_overlong_through_the_step(kind):
     base, out = step("train"), step(kind)
     assert [r.truncated for r in out.rollouts] == [bool(i % 2) for i in range(12)]
-    scores = torch.tensor([s[0] for s in base.scores], dtype=torch.float32).view(3, 4)
+    scores = torch.tensor([s.checks["paper"] for s in base.scores], dtype=torch.float32).view(3, 4)
     assert torch.equal(base.rewards, scores)  # train: as before
     for i, (b, o) in enumerate(zip(base.rollouts, out.rollouts, strict=True)):
         assert torch.equal(b.ids, o.ids)  # same seeds, same episodes
@@ -127,10 +129,10 @@ def filtered(tmp_path, **over):
     return trainer
 
 
-def half_silent(task, rollout) -> tuple[int, int]:
+def half_silent(task, rollout) -> Rewards:
     """Even tasks' groups score all 0 (zero variance); odd tasks' by the sampled ids' parity."""
     r = int(task.number % 2 == 1 and sum(rollout.ids) % 2 == 1)
-    return r, r
+    return Rewards(float(r), {"paper": r, "bfcl": r})
 
 
 def test_drop_zero_variance_and_oversample_count_every_rollout(tmp_path):
@@ -159,7 +161,7 @@ def test_top_variance_keeps_its_share_and_a_step_left_empty_makes_no_update(tmp_
     assert m["rollout/groups_dropped"] == 1.0  # 3 groups: the top ceil(1.5) = 2 kept
     assert m["rollout/extra_rollouts"] == 0 and m["loss/optimizer_steps"] > 0
     empty = filtered(tmp_path / "empty", group_filter="drop_zero_variance", steps=1)
-    empty.score_fn = lambda task, rollout: (0, 0)  # every group all 0: nothing to keep
+    empty.score_fn = lambda task, rollout: Rewards(0.0, {"paper": 0, "bfcl": 0})  # all 0
     before = [p.detach().clone() for p in empty.model.parameters()]
     m = empty.train_step(1)
     assert m["loss/optimizer_steps"] == 0 and m["rollout/groups_dropped"] == 3.0

@@ -37,9 +37,10 @@ from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.evaluation.config import EvalConfig
 from rcgrpo.evaluation.export import write_bfcl_results
 from rcgrpo.evaluation.stats import summarise
+from rcgrpo.rollout.bfcl_environment import BFCL
+from rcgrpo.rollout.environment import Environment
 
 TOKENS = {"high": HIGH, "low": LOW, "none": None}
-CHECKERS = ("paper", "bfcl")
 LogMetrics = Callable[[dict, int], None]
 
 
@@ -72,10 +73,15 @@ class Outcome:
     token: str  # "high" | "low" | "none"
     seed: int
     protocol: str
-    paper: int
-    bfcl: int
+    checks: dict  # check name -> value (the scorer's Rewards.checks; BFCL: paper, bfcl 0/1)
     calls: list = field(default_factory=list)  # turn -> step -> call strings
     reasons: dict = field(default_factory=dict)
+
+    def row(self) -> dict:
+        """Its outcomes.jsonl line: the checks by name beside the other fields."""
+        row = asdict(self)
+        checks, calls, reasons = row.pop("checks"), row.pop("calls"), row.pop("reasons")
+        return {**row, **checks, "calls": calls, "reasons": reasons}
 
 
 def eval_tasks(cfg: EvalConfig) -> list[Task]:
@@ -96,39 +102,13 @@ def eval_tasks(cfg: EvalConfig) -> list[Task]:
     return tasks
 
 
-def score_calls(task: Task, calls, protocol: str, token: str, seed: int) -> Outcome:
-    from rcgrpo.bfcl.checkers import score
-
-    paper, bfcl = score(task, calls, protocol)
-    return Outcome(
-        task.id,
-        task.category,
-        token,
-        seed,
-        protocol,
-        paper.reward,
-        bfcl.reward,
-        calls,
-        {"paper": paper.reason, "bfcl": bfcl.reason},
-    )
-
-
-def outcome_of(task: Task, rollout, protocol: str, token: str, seed: int) -> Outcome:
-    """Use the rewards an agent_loop.Rollout already carries; score other rollouts here."""
-    record = getattr(rollout, "trajectory", None)
-    if record is None:
-        return score_calls(task, rollout.calls, protocol, token, seed)
-    return Outcome(
-        task.id,
-        task.category,
-        token,
-        seed,
-        protocol,
-        record.paper_reward,
-        record.bfcl_reward,
-        rollout.calls,
-        dict(record.reward_reason),
-    )
+def outcome_of(task, rollout, protocol: str, token: str, seed: int, scorer=None) -> Outcome:
+    """The rollout scored by `scorer` (rcgrpo.rollout.environment.Scorer; default: BFCL's under
+    `protocol`, which reads the verdicts an agent_loop.Rollout already carries)."""
+    rewards = (scorer or BFCL.scorer(protocol))(task, rollout)
+    calls = getattr(rollout, "calls", [])
+    checks, reasons = dict(rewards.checks), dict(rewards.reasons)
+    return Outcome(task.id, task.category, token, seed, protocol, checks, calls, reasons)
 
 
 def summarise_outcomes(outcomes: list[Outcome], protocol: str) -> dict:
@@ -137,20 +117,21 @@ def summarise_outcomes(outcomes: list[Outcome], protocol: str) -> dict:
     gap[checker] = pooled(high) - pooled(low) per seed (same tasks, same seed), and its mean.
     """
     runs: dict = {}
+    checkers = list(dict.fromkeys(name for o in outcomes for name in o.checks))  # BFCL: paper, bfcl
     for token in sorted({o.token for o in outcomes}):
         runs[token] = {}
         for seed in sorted({o.seed for o in outcomes if o.token == token}):
             chosen = [o for o in outcomes if o.token == token and o.seed == seed]
             runs[token][seed] = {
-                checker: _to_dicts(summarise([(o.category, getattr(o, checker)) for o in chosen]))
-                for checker in CHECKERS
+                checker: _to_dicts(summarise([(o.category, o.checks[checker]) for o in chosen]))
+                for checker in checkers
             }
     report: dict = {"protocol": protocol, "n_tasks": 0, "runs": runs, "seed_mean": {}, "gap": {}}
     if outcomes:
         report["n_tasks"] = len({o.task_id for o in outcomes})
     for token, by_seed in runs.items():
         report["seed_mean"][token] = {}
-        for checker in CHECKERS:
+        for checker in checkers:
             values = [s[checker]["pooled"]["value"] for s in by_seed.values()]
             report["seed_mean"][token][checker] = {
                 "pooled_mean": statistics.fmean(values),
@@ -159,7 +140,7 @@ def summarise_outcomes(outcomes: list[Outcome], protocol: str) -> dict:
             }
     if "high" in runs and "low" in runs:
         seeds = sorted(set(runs["high"]) & set(runs["low"]))
-        for checker in CHECKERS:
+        for checker in checkers:
             per_seed = [
                 runs["high"][s][checker]["pooled"]["value"]
                 - runs["low"][s][checker]["pooled"]["value"]
@@ -187,8 +168,7 @@ def flat_metrics(report: dict, prefix: str = "eval") -> dict[str, float]:
     out: dict[str, float] = {}
     for token, by_seed in report["runs"].items():
         first = by_seed[min(by_seed)]
-        for checker in CHECKERS:
-            s = first[checker]
+        for checker, s in first.items():
             name = f"{prefix}/{checker}/{token}"
             out[f"{name}/pooled"] = s["pooled"]["value"]
             out[f"{name}/pooled_low"] = s["pooled"]["low"]
@@ -211,6 +191,7 @@ def evaluate(
     step: int = 0,
     tasks: list[Task] | None = None,
     on_rollouts: Callable[[dict, list], None] | None = None,
+    environment: Environment = BFCL,
 ) -> dict:
     """Roll out every task once per (token, seed) through `engine`, score, summarise, write.
 
@@ -220,6 +201,8 @@ def evaluate(
     other protocol, summarised in report["other_protocols"][protocol].
     on_rollouts(info, rollouts): called after each pass with its rollouts and info = {"seed",
     "protocol", "token", "start_ns"} (the pipeline writes episode traces with it).
+    environment: whose scorer scores each pass (rcgrpo.rollout.environment; `tasks` must then
+    be its tasks); only BFCL's outcomes are also written as bfcl-eval result files.
     Writes <out_dir>/report.json, outcomes.jsonl and bfcl_results/; returns the report.
     """
     if cfg.protocol not in PROTOCOLS:
@@ -235,8 +218,9 @@ def evaluate(
             rollouts = engine.rollout(tasks, [TOKENS[token]] * len(tasks), protocol, seed)
             if on_rollouts is not None:
                 on_rollouts(info, rollouts)
+            scorer = environment.scorer(protocol)
             for task, r in zip(tasks, rollouts, strict=True):
-                outcomes.append(outcome_of(task, r, protocol, token, seed))
+                outcomes.append(outcome_of(task, r, protocol, token, seed, scorer))
     report = summarise_outcomes([o for o in outcomes if o.protocol == cfg.protocol], cfg.protocol)
     report["other_protocols"] = {
         p: summarise_outcomes([o for o in outcomes if o.protocol == p], p)
@@ -248,8 +232,9 @@ def evaluate(
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     with (out / "outcomes.jsonl").open("w") as fh:
         for o in outcomes:
-            fh.write(json.dumps(asdict(o)) + "\n")
-    write_bfcl_results(outcomes, out / "bfcl_results", cfg.model_name)
+            fh.write(json.dumps(o.row()) + "\n")
+    if environment.name == "bfcl":
+        write_bfcl_results(outcomes, out / "bfcl_results", cfg.model_name)
     flat = flat_metrics(report)
     (out / "metrics.json").write_text(json.dumps(flat, indent=1) + "\n")  # for dvc.yaml
     if log_metrics is not None:

@@ -21,12 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rcgrpo.bfcl.checkers import score, score_many
-from rcgrpo.bfcl.environment import STEP_LIMIT, Episode
+from rcgrpo.bfcl.environment import STEP_LIMIT
 from rcgrpo.bfcl.replay import Verdict
 from rcgrpo.bfcl.tasks import Task, load_split
 from rcgrpo.chat import prompts
 from rcgrpo.chat.record import Provenance, Trajectory
+from rcgrpo.rollout.bfcl_environment import BFCL
 from rcgrpo.rollout.clock import EpisodeClock
+from rcgrpo.rollout.environment import Episode
 
 
 @dataclass(frozen=True)
@@ -112,9 +114,7 @@ class AgentLoop:
         self.reward_token, self.compact = reward_token, compact_docs
         self.provenance = provenance or Provenance(generator="rollout")
         # sandbox: the tool worker of this episode (None: this thread's, rcgrpo.bfcl.sandbox)
-        self.episode = Episode(
-            task, hide_missed=protocol == "bfcl", step_limit=limits.max_steps, sandbox=sandbox
-        )
+        self.episode = BFCL.episode(task, protocol, limits.max_steps, sandbox)
         self.episode.begin_turn(0)
         self.messages, self.tools = first_messages(
             task, self.episode, protocol, reward_token, compact_docs

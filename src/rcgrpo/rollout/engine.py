@@ -148,12 +148,12 @@ class Engine:
     ) -> list[int]:
         """Tokens of each task's first prompt as `rollout` would send it (its reward goal, the
         profile's tool docs): check them against cfg.max_total_tokens before rolling out."""
-        from rcgrpo.bfcl.environment import Episode
         from rcgrpo.rollout.agent_loop import first_messages
+        from rcgrpo.rollout.bfcl_environment import BFCL
 
         protocol, lengths = protocol or self.cfg.protocol, []
         for task in tasks:
-            episode = Episode(task, hide_missed=protocol == "bfcl")
+            episode = BFCL.episode(task, protocol)
             episode.begin_turn(0)
             messages, tools = first_messages(
                 task, episode, protocol, reward_token, self.policy.compact_docs

@@ -27,15 +27,13 @@ def step_metrics(
     """mask (B, T-1): the sampled tokens; gap: summed |engine - trainer| log-prob over them;
     updates: the stats of each optimizer step (update.ppo_updates)."""
     rewards, adv, G = step.rewards, step.advantages, cfg.group_size
-    col = 0 if cfg.reward == "paper" else 1
     acc = {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
     gen_tokens = float(mask.sum())
     spread = int((rewards.float().var(dim=1, unbiased=False) > 0).sum())  # groups with a signal
+    other = other_check(step.scores, cfg.reward)  # BFCL: the checker that does not train
     metrics = {
         "reward/mean": float(rewards.mean()),
-        "reward/other_checker_mean": float(
-            torch.tensor([s[1 - col] for s in step.scores]).float().mean()
-        ),
+        **({"reward/other_checker_mean": other} if other is not None else {}),
         **{f"rollout/{k}": v for k, v in group_reward_stats(rewards).items()},
         "rollout/effective_groups": float(spread),  # trained groups with a reward spread
         "rollout/effective_group_frac": spread / cfg.tasks_per_step,
@@ -68,3 +66,14 @@ def step_metrics(
         if is_high.any() and (~is_high).any():
             metrics["reward/token_gap"] = metrics["reward/mean_high"] - metrics["reward/mean_low"]
     return metrics
+
+
+def other_check(scores: list, reward: str) -> float | None:
+    """The mean over the step's rollouts of the first named check beside the one rl.reward
+    trains on (BFCL trained on "paper": the "bfcl" check); None for an environment whose
+    checks do not include `reward` (its scorer chose its training reward itself)."""
+    checks = scores[0].checks if scores else {}
+    names = [n for n in checks if n != reward]
+    if reward not in checks or not names:
+        return None
+    return float(torch.tensor([s.checks[names[0]] for s in scores]).float().mean())

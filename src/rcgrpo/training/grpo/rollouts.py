@@ -20,6 +20,7 @@ import torch
 
 from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.rollout.call_stats import merge_stats
+from rcgrpo.rollout.environment import Rewards
 from rcgrpo.training.grpo.config import RLConfig, step_seed
 from rcgrpo.training.grpo.core_algos import group_advantages, sample_reward_tokens
 from rcgrpo.training.grpo.overlong import apply_overlong
@@ -52,8 +53,8 @@ class StepRollouts:
     tasks: list  # (n,) the step's tasks
     tokens: list  # (n*G,) each rollout's reward token (None without conditioning)
     rollouts: list  # (n*G,) Sampled: ids, loss mask, sampling log-probs (all ranks' shares)
-    scores: list[tuple[int, int]]  # (n*G,) (paper 0/1, bfcl 0/1)
-    rewards: torch.Tensor  # (n, G) the training reward (cfg.reward's checker)
+    scores: list[Rewards]  # (n*G,) each rollout's training reward and named checks
+    rewards: torch.Tensor  # (n, G) the training reward (Rewards.train)
     advantages: torch.Tensor  # (n*G,) group advantages
     seconds: float  # wall time of the rollout (this rank's share, then the gather)
     own: int = 0  # rollouts this rank sampled itself (all of them in one process)
@@ -79,20 +80,9 @@ def draw(tasks: list, cfg: RLConfig, step: int) -> tuple[list, list]:
     return chosen, tokens
 
 
-def score(task, rollout, protocol: str) -> tuple[int, int]:
-    """(paper 0/1, bfcl 0/1) of a rollout: its own verdicts when the agent loop scored it,
-    else the checkers on its calls."""
-    record = getattr(rollout, "trajectory", None)  # agent_loop.Rollout: already scored
-    if record is not None:
-        return int(record.paper_reward), int(record.bfcl_reward)
-    from rcgrpo.bfcl.checkers import score as check
-
-    paper, bfcl = check(task, rollout.calls, protocol)
-    return paper.reward, bfcl.reward
-
-
 def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -> StepRollouts:
-    """The G rollouts of each task, scored: this rank rolls out its share of whole groups
+    """The G rollouts of each task, scored by score_fn(task, rollout) -> Rewards
+    (rcgrpo.rollout.environment.Scorer): this rank rolls out its share of whole groups
     (ranks.group_share; all of them in one process), with the episode indices they have in the
     whole batch, and every rank gets every share (ranks.gather)."""
     t0 = time.perf_counter()
@@ -120,9 +110,8 @@ def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -
     seconds = time.perf_counter() - t0
     rollouts = [r for r, _ in gathered]
     scores = [s for _, s in gathered]
-    col = 0 if cfg.reward == "paper" else 1
     generated = sum(int(r.loss_mask.sum()) for r in rollouts)  # before rl.overlong masks any
-    rewards = torch.tensor([s[col] for s in scores], dtype=torch.float32).view(-1, G)
+    rewards = torch.tensor([s.train for s in scores], dtype=torch.float32).view(-1, G)
     # rl.overlong shapes the training reward only: `rewards` (reward/* metrics) stay the checker's
     shaped, rollouts = shape_overlong(rewards, rollouts, cfg, engine)
     adv = group_advantages(shaped, cfg.advantage).flatten()  # (B,)

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from rcgrpo.rollout.bfcl_environment import BFCL
 from rcgrpo.training import checkpoint, distributed, shared_forward, shared_prefix
 from rcgrpo.training.forward import packs
 from rcgrpo.training.grpo import engine_is, group_filter, rollouts, update
@@ -50,8 +51,8 @@ LogMetrics = Callable[[dict, int], None]
 class Trainer:
     """RC-GRPO / GRPO on a policy (`.model`, `.tokenizer`) through a rollout engine.
 
-    score_fn(task, rollout) -> (paper 0/1, bfcl 0/1); default: the rollout's own rewards if it
-    carries them, else rcgrpo.bfcl.checkers.score on its calls. ref_model: the frozen reference
+    score_fn(task, rollout) -> Rewards (rcgrpo.rollout.environment.Scorer); default: BFCL's
+    scorer, trained on the checker that cfg.reward names. ref_model: the frozen reference
     (default: the model as given, i.e. the initial SFT / RCTP-FT policy). With LoRA that is a
     frozen second adapter, a copy of the starting one (models.add_reference_adapter): not
     `disable_adapter()`, which would be the base before fine-tuning. A full fine-tune has no
@@ -82,7 +83,7 @@ class Trainer:
         self.model = policy.model
         self.shared = shared_forward.enable(self.model, cfg.shared_prefix)  # SDPA models only
         self.log_metrics = log_metrics
-        self.score_fn = score_fn or self._score
+        self.score_fn = score_fn or BFCL.scorer(cfg.protocol, cfg.reward)
         self.ref_model = ref_model
         if temperature <= 0:
             raise ValueError("RL needs sampling: rollout.temperature must be > 0 (0 is greedy)")
@@ -132,9 +133,6 @@ class Trainer:
             self.heartbeat.phase(name, step)
 
     # -- one step ---------------------------------------------------------------------------------
-    def _score(self, task, rollout) -> tuple[int, int]:
-        return rollouts.score(task, rollout, self.cfg.protocol)
-
     def draw(self, step: int):
         """Tasks (n,) and the token of each of the n*G rollouts, from the step's generator."""
         return rollouts.draw(self.tasks, self.cfg, step)
