@@ -130,6 +130,29 @@ def test_runtime_defaults_leave_the_hub_online_for_hub_ids():
     assert out.stdout.split() == ["1", "1"]
 
 
+def test_library_caches_go_to_the_project_cache_not_the_temp_dir(tmp_path):
+    """Building the qwen-shape tokenizer (tiktoken's BPE file cache) after the runtime defaults
+    writes nothing to the temp dir: the caches live in the project's cache/."""
+    import os
+    import subprocess
+    import sys
+
+    from rcgrpo.runtime import project_root
+
+    code = (
+        "from rcgrpo.runtime import apply_defaults; import os; apply_defaults(); "
+        "from rcgrpo.models.qwen_shape import build_tokenizer; build_tokenizer(); "
+        "print(os.environ['TIKTOKEN_CACHE_DIR'], os.environ['TORCHINDUCTOR_CACHE_DIR'])"
+    )
+    drop = ("TIKTOKEN_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in drop} | {"TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-1000:]
+    cache = project_root() / "cache"
+    assert out.stdout.split() == [str(cache / "tiktoken"), str(cache / "inductor")]
+    assert list(tmp_path.iterdir()) == []  # before: tmp/data-gym-cache
+
+
 def test_auto_device_and_dtype(monkeypatch):
     """auto: float32 on the CPU; bfloat16 on CUDA for the hub profiles only (the built-here
     test models stay float32); a bare "cuda" names the current device."""
