@@ -51,6 +51,7 @@ BAD = {
         "group_size": ("0", "must be in [1, inf)"),
         "tasks_per_step": ("0", "must be in [1, inf)"),
         "steps": ("-1", "must be in [1, inf)"),
+        "generated_token_budget": ("-5", "must be in [0, inf)"),
         "inner_epochs": ("0", "must be in [1, inf)"),
         "mini_batch_size": ("-1", "must be in [0, inf)"),
         "micro_batch_size": ("0", "must be in [1, inf)"),
