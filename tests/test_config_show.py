@@ -101,8 +101,10 @@ def test_config_show_resolves_a_variant_as_rcgrpo_run_does():
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {ln.split()[0]: ln.split() for ln in out.stdout.splitlines() if ln.startswith("  ")}
     assert rows["p_high"][:3] == ["p_high", "1.0", "*"] and rows["steps"][1] == "20"
-    assert out.stdout.strip().splitlines()[-1].startswith(
-        "(params.yaml + preset cpu + variant rctp+grpo;"
+    assert (
+        out.stdout.strip()
+        .splitlines()[-1]
+        .startswith("(params.yaml + preset cpu + variant rctp+grpo;")
     )
 
 
