@@ -119,6 +119,7 @@ def test_kill_9_of_the_owner_leaves_no_server_within_10_s(tmp_path):
         assert not set(LAUNCHER) & set(env), "the launcher's variables reached the server"
         assert "VLLM_API_KEY" in env
         ipc = Path(env["VLLM_RPC_BASE_PATH"])  # the server's sockets, in a folder of its own
+        assert env["TMPDIR"] == str(ipc)  # with its other temporary files
         assert ipc.name.startswith(IPC_PREFIX) and any(p.is_socket() for p in ipc.iterdir())
         assert len(str(ipc)) < 107 - 37  # its long TMPDIR would not hold a socket path
         os.kill(pids["owner"], signal.SIGKILL)
@@ -228,6 +229,7 @@ def test_three_evaluations_one_server_at_a_time_one_export_nothing_left(
     run_dir = tmp_path / "outputs" / "served-run"
     tmp = Path(tempfile.gettempdir())
     sockets_before = {p for p in tmp.iterdir() if p.is_socket()}
+    dist_before = set(tmp.glob("vllm_dist_*"))
     try:
         with served_bases(run_dir):
             for i in range(3):  # before RL, after RL, held-out: the pipeline's three
@@ -255,3 +257,4 @@ def test_three_evaluations_one_server_at_a_time_one_export_nothing_left(
     # vLLM's ZMQ sockets were in each server's own folder, gone with it (not in the temp dir)
     assert not [p for p in tmp.glob(f"{IPC_PREFIX}{os.getpid()}-*")]
     assert {p for p in tmp.iterdir() if p.is_socket()} <= sockets_before
+    assert {p for p in tmp.glob("vllm_dist_*")} <= dist_before  # vLLM's file stores too

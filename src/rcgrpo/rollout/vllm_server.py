@@ -118,6 +118,7 @@ class VLLMServer:
             DO_NOT_TRACK="1",
             HF_HUB_OFFLINE="1",
             VLLM_RPC_BASE_PATH=str(self.ipc),  # not the shared temp dir, where they were left
+            TMPDIR=str(self.ipc),  # and its other temporary files (vllm_dist_* file stores)
         )
         if self.dev_routes:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep, /wake_up, /is_sleeping (key-guarded)
