@@ -72,7 +72,8 @@ class Browser:
                  "--disable-component-update", "--hide-scrollbars", f"--window-size={width},{height}",
                  f"--user-data-dir={self.profile}", f"--remote-debugging-port={port}",
                  "--remote-allow-origins=*", "about:blank"]  # fmt: skip
-        self.proc = subprocess.Popen([binary, *flags], stdout=subprocess.DEVNULL,
+        env = {**os.environ, "TMPDIR": self.profile}  # its singleton socket folder: not in /tmp
+        self.proc = subprocess.Popen([binary, *flags], stdout=subprocess.DEVNULL, env=env,
                                      stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
         deadline = time.monotonic() + 60
         while True:

@@ -18,6 +18,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from test_pipeline_e2e import copy_env, copy_project, run_in_copy
@@ -110,11 +112,14 @@ def test_finished_run_seen_in_the_ui(prefect_server, tmp_path, chromium):
 
     # the UI, as a person sees it
     shots = tmp_path / "ui"
+    browsers_before = set(Path(tempfile.gettempdir()).glob("org.chromium.*"))
     check = subprocess.run([sys.executable, str(proj / "scripts" / "ui_check.py"), "--store",
                             str(proj / "mlflow"), "--out", str(shots)], cwd=proj, env=copy_env(proj),
                            capture_output=True, text=True, timeout=900)  # fmt: skip
     report = json.loads(check.stdout.strip().splitlines()[-1])
     assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
+    # the browser's temporary folders went with its profile, not left in the temp dir
+    assert set(Path(tempfile.gettempdir()).glob("org.chromium.*")) <= browsers_before
     assert report["run_id"] == pipeline.info.run_id
     pages = report["pages"]
     assert {"experiment", "default_view", "rl_metrics", "trace_success", "trace_failure"} <= set(
