@@ -41,12 +41,13 @@ DEFAULTS = {
 def apply_defaults() -> None:
     for key, value in DEFAULTS.items():
         os.environ.setdefault(key, value)
+    cache = project_root() / "cache"
     # bfcl-eval writes result folders under its package dir unless told where the project is.
-    os.environ.setdefault("BFCL_PROJECT_ROOT", str(project_root() / "cache" / "bfcl"))
+    os.environ.setdefault("BFCL_PROJECT_ROOT", str(cache / "bfcl"))
     # caches that default to the shared /tmp (tiktoken's BPE files for the qwen-shape tokenizer,
     # torch.compile's kernels, vLLM's included): the project's cache/, kept between runs
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(project_root() / "cache" / "tiktoken"))
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(project_root() / "cache" / "inductor"))
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(cache / "tiktoken"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
 
 
 PROJECT_ENV = "RCGRPO_PROJECT"  # the checkout to use, for an installed `rcgrpo` run anywhere
