@@ -29,6 +29,7 @@ from pathlib import Path
 
 from learning import SAMPLES, build_data, fine_tune, fmt, success
 
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.runtime import apply_defaults
 
 # name -> (variant, `rcgrpo run --set` pairs): the arm, exactly as a user runs it
@@ -74,8 +75,10 @@ def run_arm(arm, start, tasks, params, preset, seed, extra, out: Path) -> dict:
 
     cfg, rollout_cfg = arm_config(params, preset, arm, seed, out / "rl", extra)
     policy = copy.deepcopy(start)  # every arm of a seed starts from the same weights
-    engine = make_engine(rollout_cfg, policy)
-    history = Trainer(policy, engine, tasks, cfg, temperature=rollout_cfg.temperature).train()
+    engine = make_engine(rollout_cfg, policy, BFCL)
+    history = Trainer(
+        policy, engine, tasks, cfg, BFCL.scorer(cfg.protocol), temperature=rollout_cfg.temperature
+    ).train()
     token = get_variant(ARMS[arm][0]).eval_tokens[0]
     after = success(policy, rollout_cfg, tasks, token, out / "after")
     return {

@@ -44,6 +44,8 @@ class Replay:
 
 
 def main() -> None:
+    from rcgrpo.envs.bfcl.environment import BFCL
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="qwen-shape", help="model profile (tiny: quick)")
     parser.add_argument("--steps", type=int, default=4, help="counted RL steps per setting")
@@ -77,7 +79,7 @@ def main() -> None:
     policies = {s: load_policy(ModelConfig(profile=args.profile)) for s in ("recompute", "engine")}
     limits = dict(max_new_tokens=args.max_new_tokens, max_steps=2)
     t0 = time.perf_counter()
-    with make_engine(RolloutConfig(**limits), policies["recompute"]) as hf:
+    with make_engine(RolloutConfig(**limits), policies["recompute"], BFCL) as hf:
         recorded = hf.rollout(flat, [HIGH, LOW] * (len(flat) // 2) + [HIGH] * (len(flat) % 2))
     sampled = sum(r.n_sampled for r in recorded)
     tokens = sum(len(r.ids) for r in recorded)
@@ -89,7 +91,7 @@ def main() -> None:
         cfg = RLConfig(out_dir=os.path.join(out.name, setting), tasks_per_step=args.tasks,
                        group_size=args.group, micro_batch_size=args.micro, lr=1e-5,
                        kl_coef=args.kl_coef, advantage="sign", behaviour_logprobs=setting)  # fmt: skip
-        trainers[setting] = Trainer(policy, Replay(recorded), tasks, cfg)
+        trainers[setting] = Trainer(policy, Replay(recorded), tasks, cfg, BFCL.scorer(cfg.protocol))
     seconds: dict[str, list[float]] = {s: [] for s in trainers}
     for step in range(1, args.steps + 2):
         order = list(trainers) if step % 2 else list(reversed(trainers))

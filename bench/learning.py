@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.runtime import apply_defaults
 
 ORDER = ("sft+grpo", "sft+rc-grpo", "rctp+grpo", "rctp+rc-grpo")
@@ -53,9 +54,13 @@ def build_data(params: dict, preset: str, folder: Path):
 
     cfg = preset_section(params, preset, "dataset", DatasetConfig,
                          {"test_tasks": 4, "rollouts": "off", "commit": False, "push": False})  # fmt: skip
-    build_folder(cfg, folder)
+    build_folder(cfg, folder, BFCL)
     rctp = folder / "rctp" / "train.jsonl"
-    return tasks_of(rctp, "train"), read_jsonl(rctp), read_jsonl(folder / "sft" / "train.jsonl")
+    return (
+        tasks_of(rctp, "train", BFCL),
+        read_jsonl(rctp),
+        read_jsonl(folder / "sft" / "train.jsonl"),
+    )
 
 
 def fine_tune(mode: str, records, params, preset, seed: int, out: Path, epochs: int = 0):
@@ -86,11 +91,11 @@ def success(policy, rollout_cfg, tasks, token: str, out: Path) -> dict:
 
     counts = {}
     for name, temperature, seeds in (("greedy", 0.0, (0,)), ("sampled", 1.0, range(SAMPLES))):
-        engine = make_engine(replace(rollout_cfg, temperature=temperature), policy)
+        engine = make_engine(replace(rollout_cfg, temperature=temperature), policy, BFCL)
         cfg = EvalConfig(split="train", protocol="combined", other_protocol=False,
                          temperature=temperature, tokens=(token,), seeds=tuple(seeds),
                          out_dir=str(out / name))  # fmt: skip
-        by_seed = evaluate(engine, cfg, tasks=tasks)["runs"][token]
+        by_seed = evaluate(engine, cfg, tasks=tasks, environment=BFCL)["runs"][token]
         k = sum(s["paper"]["pooled"]["k"] for s in by_seed.values())
         n = sum(s["paper"]["pooled"]["n"] for s in by_seed.values())
         counts[name] = (int(k), int(n))
@@ -111,8 +116,10 @@ def run_variant(name, start, tasks, params, preset, seed, rollout_cfg, steps, ou
     cfg = preset_section(params, preset, "rl", RLConfig, extra)
     token = v.eval_tokens[0]
     before = success(policy, rollout_cfg, tasks, token, out / "before")
-    engine = make_engine(rollout_cfg, policy)
-    history = Trainer(policy, engine, tasks, cfg, temperature=rollout_cfg.temperature).train()
+    engine = make_engine(rollout_cfg, policy, BFCL)
+    history = Trainer(
+        policy, engine, tasks, cfg, BFCL.scorer(cfg.protocol), temperature=rollout_cfg.temperature
+    ).train()
     after = success(policy, rollout_cfg, tasks, token, out / "after")
     return {
         "token": token,

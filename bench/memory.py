@@ -92,6 +92,7 @@ def child(path: str, T: int, frac: float) -> dict:
 
     import torch
 
+    from rcgrpo.envs.bfcl.environment import BFCL
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
     from rcgrpo.training.forward import scatter
@@ -119,7 +120,9 @@ def child(path: str, T: int, frac: float) -> dict:
             if path == "unchunked"
             else int(os.environ.get("RCGRPO_BENCH_CHUNK", 0)) or head.CHUNK
         )
-        trainer = Trainer(policy, None, [], RLConfig(), temperature=1.0)  # + reference adapter
+        trainer = Trainer(
+            policy, None, [], RLConfig(), BFCL.scorer(), temperature=1.0
+        )  # + reference adapter
         with torch.no_grad():
             old, _, where = trainer._logprobs(model, ids, attn, mask)
             gap = ((sampled - old).abs() * mask).sum()
@@ -243,6 +246,7 @@ def old_padded_logprobs(model, ids, attn, mask):
 def mix_child(path: str, lengths: list[int], frac: float, budget: int) -> dict:
     import torch
 
+    from rcgrpo.envs.bfcl.environment import BFCL
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.lora import using_adapter
     from rcgrpo.models.profiles import ModelConfig
@@ -266,7 +270,9 @@ def mix_child(path: str, lengths: list[int], frac: float, budget: int) -> dict:
     resource.setrlimit(resource.RLIMIT_AS, (size + grow, size + grow))
     Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
     base = status_kb("VmRSS")
-    trainer = Trainer(policy, None, [], cfg, temperature=1.0)  # + reference adapter, AdamW
+    trainer = Trainer(
+        policy, None, [], cfg, BFCL.scorer(cfg.protocol), temperature=1.0
+    )  # + reference adapter, AdamW
     if path == "budget":
         logprob_fn, ref_fn = trainer._logprobs, trainer._ref_logprobs
     else:

@@ -113,12 +113,13 @@ def preset_data(params: dict):
     """The cpu preset's RL tasks and its mixed RCTP-FT rows, calls in JSON form."""
     from rcgrpo.chat.record import read_jsonl
     from rcgrpo.data.dataset import DatasetConfig, build_folder, tasks_of
+    from rcgrpo.envs.bfcl.environment import BFCL
 
     extra = {"test_tasks": 4, "rollouts": "off", "commit": False, "push": False}
     with tempfile.TemporaryDirectory() as tmp:
-        build_folder(section(params, "dataset", DatasetConfig, extra), Path(tmp))
+        build_folder(section(params, "dataset", DatasetConfig, extra), Path(tmp), BFCL)
         rows = Path(tmp) / "rctp" / "train.jsonl"
-        return tasks_of(rows, "train"), [json_form(r) for r in read_jsonl(rows)]
+        return tasks_of(rows, "train", BFCL), [json_form(r) for r in read_jsonl(rows)]
 
 
 def start_model(params: dict, records, model_cfg, out: Path, seed: int) -> tuple[Path, str]:
@@ -143,14 +144,17 @@ def start_model(params: dict, records, model_cfg, out: Path, seed: int) -> tuple
 
 def greedy(policy, tasks, rollout_cfg, out: Path) -> tuple[int, int]:
     """Greedy paper-reward successes (k, n) on `tasks` under <|high_reward|>, combined protocol."""
+    from rcgrpo.envs.bfcl.environment import BFCL
     from rcgrpo.evaluation.config import EvalConfig
     from rcgrpo.evaluation.evaluate import evaluate
     from rcgrpo.rollout.execution import make_engine
 
-    engine = make_engine(dataclasses.replace(rollout_cfg, temperature=0.0), policy)
+    engine = make_engine(dataclasses.replace(rollout_cfg, temperature=0.0), policy, BFCL)
     cfg = EvalConfig(split="train", protocol=penv.PROTOCOL, other_protocol=False,
                      temperature=0.0, tokens=("high",), out_dir=str(out))  # fmt: skip
-    pooled = evaluate(engine, cfg, tasks=tasks)["runs"]["high"][0]["paper"]["pooled"]
+    pooled = evaluate(engine, cfg, tasks=tasks, environment=BFCL)["runs"]["high"][0]["paper"][
+        "pooled"
+    ]
     return int(pooled["k"]), int(pooled["n"])
 
 

@@ -111,13 +111,14 @@ def groups_stats(rewards: list[float], task_ids: list[str]) -> tuple[float, floa
 # -- the two sides -----------------------------------------------------------------------------
 def run_rcgrpo(start: Path, tasks, cfg, rollout_cfg, model_cfg) -> dict:
     """rcgrpo's Trainer from `start`; per step: its metrics + the clock's phases."""
+    from rcgrpo.envs.bfcl.environment import BFCL
     from rcgrpo.models.loading import load_policy
     from rcgrpo.rollout.execution import make_engine
     from rcgrpo.training.grpo import update
     from rcgrpo.training.grpo.trainer import Trainer
 
     policy = load_policy(model_cfg, adapter_path=start)
-    engine = make_engine(rollout_cfg, policy)
+    engine = make_engine(rollout_cfg, policy, BFCL)
     clock, rows, stops, goals, seen = Clock(), [], [], [], [0]
 
     def on_step(m: dict, step: int) -> None:
@@ -131,7 +132,15 @@ def run_rcgrpo(start: Path, tasks, cfg, rollout_cfg, model_cfg) -> dict:
         })  # fmt: skip
         seen[0] = prefilled
 
-    trainer = Trainer(policy, engine, tasks, cfg, on_step, temperature=rollout_cfg.temperature)
+    trainer = Trainer(
+        policy,
+        engine,
+        tasks,
+        cfg,
+        BFCL.scorer(cfg.protocol),
+        on_step,
+        temperature=rollout_cfg.temperature,
+    )
     rollout = engine.rollout
 
     def recording(*args, **kwargs):

@@ -49,6 +49,7 @@ import time
 
 import torch
 
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.rollout.config import RolloutConfig
 from rcgrpo.rollout.engine import Engine, Sample
 
@@ -177,18 +178,20 @@ def main() -> None:
         f"tiny policy {n_params / 1e6:.2f}M params, {len(tasks)} episodes, protocol "
         f"{args.protocol}, torch threads {threads}, load average {load:.2f} (of {os.cpu_count()})"
     )
-    HFEngine(cfg, policy).rollout(tasks[:2], protocol=args.protocol, seed=args.seed)  # warm-up
+    HFEngine(cfg, policy, BFCL).rollout(
+        tasks[:2], protocol=args.protocol, seed=args.seed
+    )  # warm-up
     from rcgrpo.rollout.vllm_engine import VLLMEngine
 
     t0 = time.perf_counter()
-    vllm = VLLMEngine(RolloutConfig(**{**cfg.__dict__, "engine": "vllm"}), policy)
+    vllm = VLLMEngine(RolloutConfig(**{**cfg.__dict__, "engine": "vllm"}), policy, BFCL)
     print(f"vllm server up in {time.perf_counter() - t0:.1f} s (export + start + /health)")
     vllm.rollout(tasks[:2], protocol=args.protocol, seed=args.seed)  # warm-up
     NaiveEngine(cfg, policy).rollout(tasks[:1], protocol=args.protocol, seed=args.seed)
 
     runs = {}
     for name, engine, naive in (
-        ("batched", HFEngine(cfg, policy), False),
+        ("batched", HFEngine(cfg, policy, BFCL), False),
         ("naive", NaiveEngine(cfg, policy), True),
         ("vllm", vllm, False),
     ):

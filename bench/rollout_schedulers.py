@@ -74,6 +74,7 @@ def bench_tasks(n: int) -> list:
 
 def bench_policy(tasks, model_path: str | None):
     """The policy rolled out: a saved one, or the tiny model SFT-ed on the tasks' experts."""
+    from rcgrpo.envs.bfcl.environment import BFCL
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
 
@@ -86,17 +87,19 @@ def bench_policy(tasks, model_path: str | None):
     folder = project_root() / "cache" / "bench" / f"tiny-sft-{key[:10]}"
     if not (folder / "final" / "rcgrpo_policy.json").exists():
         from rcgrpo.chat.record import write_jsonl
-        from rcgrpo.data.experts import generate_experts
+        from rcgrpo.envs.bfcl.experts import generate_experts
         from rcgrpo.training.sft import run_sft
         from rcgrpo.training.sft_config import SFTConfig
 
         print(f"training the bench policy once: tiny, SFT on {len(tasks)} experts -> {folder}")
         folder.mkdir(parents=True, exist_ok=True)
-        write_jsonl(folder / "experts.jsonl", generate_experts(tasks, "train", "combined").experts)
+        write_jsonl(
+            folder / "experts.jsonl", generate_experts(BFCL, tasks, "train", "combined").experts
+        )
         cfg = SFTConfig(mode="sft", data=str(folder / "experts.jsonl"), out_dir=str(folder),
                         lr=5e-3, batch_size=8, micro_batch_size=4, epochs=SFT_EPOCHS,
                         max_len=3072, warmup_ratio=0.05)  # fmt: skip
-        run_sft(cfg, ModelConfig(profile="tiny"))
+        run_sft(cfg, ModelConfig(profile="tiny"), BFCL)
     final = folder / "final"
     return load_policy(ModelConfig(profile="tiny"), adapter_path=final), f"{final} (tiny SFT)"
 
@@ -162,6 +165,7 @@ def report(name: str, run: dict) -> None:
 
 
 def main(args) -> None:
+    from rcgrpo.envs.bfcl.environment import BFCL
     from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.vllm_engine import VLLMEngine
 
@@ -177,7 +181,7 @@ def main(args) -> None:
     runs = {}
     for n_servers in (1, 2):
         t0 = time.perf_counter()
-        engine = VLLMEngine(replace(cfg, vllm_servers=n_servers), policy, dev_routes=True)
+        engine = VLLMEngine(replace(cfg, vllm_servers=n_servers), policy, BFCL, dev_routes=True)
         print(f"{n_servers} server(s) up in {time.perf_counter() - t0:.1f} s", flush=True)
         try:
             engine.rollout(tasks[:: len(tasks) // 4][:4], seed=99)  # warm-up

@@ -15,6 +15,7 @@ import argparse
 import os
 import time
 
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.runtime import apply_defaults
 
 
@@ -32,7 +33,7 @@ def main() -> None:
     from rcgrpo.rollout.execution import ExecutionConfig, RolloutSpec, session
 
     roll = RolloutConfig(temperature=0.0, max_new_tokens=64, max_steps=6, max_total_tokens=1536)
-    spec = RolloutSpec(ModelConfig(profile="tiny"), None, roll)
+    spec = RolloutSpec(ModelConfig(profile="tiny"), None, roll, BFCL)
     tasks = tasks_in("test")[: args.tasks]
     policy = load_policy(spec.model)
     print(f"cpus {os.cpu_count()} load {os.getloadavg()} tasks {len(tasks)} shard {args.shard}")

@@ -103,6 +103,7 @@ def bench_model(vocab: int, hidden: int, layers: int, seed: int):
 
 
 def one_update(rollouts, model, shared: bool, max_tokens: int, group: int) -> dict:
+    from rcgrpo.envs.bfcl.environment import BFCL
     from rcgrpo.training.grpo import update
     from rcgrpo.training.grpo.config import RLConfig
     from rcgrpo.training.grpo.core_algos import minibatch_indices
@@ -126,7 +127,9 @@ def one_update(rollouts, model, shared: bool, max_tokens: int, group: int) -> di
     Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
     base = status_kb("VmRSS")
     t0 = time.perf_counter()
-    trainer = Trainer(SimpleNamespace(model=model), None, [], cfg, temperature=1.0)
+    trainer = Trainer(
+        SimpleNamespace(model=model), None, [], cfg, BFCL.scorer(cfg.protocol), temperature=1.0
+    )
     assert trainer.shared == shared
     first = [c for mini in passes[0] for c in mini]
     old, ref, _ = update.behaviour_logprobs(

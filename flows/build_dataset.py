@@ -1,6 +1,7 @@
 """Prefect flow: build the quality-labelled trajectory dataset and version it with DVC.
 
-experts -> failures (perturbations; rollouts of the base policy, by default params.yaml
+experts -> failures (made by the run's environment, `env.name`: BFCL's perturbations; rollouts
+of the base policy, by default params.yaml
 `model:`, through the `rollout:` section's engine at the profile's budgets, when enabled; only
 failures of tool calling are kept, see failures.refusal) -> label ->
 write (into a staging folder) -> validate (Great Expectations) -> version (swap into data/,
@@ -27,6 +28,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
 from rcgrpo.data.dataset import DatasetConfig, load_config, select_tasks
+from rcgrpo.envs import get as get_env
 
 
 def _progress(label: str, every: int = 10):
@@ -43,14 +45,14 @@ def _progress(label: str, every: int = 10):
 # Pure compute tasks: a retry would compute the same thing again, so none. cache_policy=NONE:
 # the inputs (lists of records) are too big to hash for Prefect's cache key.
 @task(cache_policy=NONE)
-def generate_experts(cfg: DatasetConfig, split: str):
-    from rcgrpo.data.experts import generate_experts as run
+def generate_experts(cfg: DatasetConfig, split: str, env):
+    from rcgrpo.data.generate import generate_experts as run
 
-    tasks = select_tasks(cfg, split)
-    report = run(tasks, split, cfg.protocol, progress=_progress(f"experts {split}"))
+    tasks = select_tasks(cfg, split, env)
+    report = run(env, tasks, split, cfg.protocol, progress=_progress(f"experts {split}"))
     if report.failed:
         get_run_logger().warning(
-            "%d %s ground truths do not score 1 (kept out of the high set): %s",
+            "%d %s experts do not score 1 (kept out of the high set): %s",
             len(report.failed),
             split,
             [f["task_id"] for f in report.failed],
@@ -59,10 +61,11 @@ def generate_experts(cfg: DatasetConfig, split: str):
 
 
 @task(cache_policy=NONE)
-def generate_perturbations(cfg: DatasetConfig, split: str, tasks):
-    from rcgrpo.data.perturbations import generate_perturbations as run
+def generate_perturbations(cfg: DatasetConfig, split: str, tasks, env):
+    from rcgrpo.data.generate import generate_failures as run
 
     return run(
+        env,
         tasks,
         split,
         cfg.protocol,
@@ -80,6 +83,7 @@ def generate_rollouts(
     model_overrides: dict | None = None,
     rollout_overrides: dict | None = None,
     rc=None,
+    env=None,
 ) -> tuple[dict, dict | None]:
     """Failure source (a): base-policy rollouts of every split's tasks (one model load), screened
     by failures.refusal. Returns (split -> usable records, the manifest's rollouts summary or
@@ -117,7 +121,7 @@ def generate_rollouts(
     try:
         with session(execution) as backend:
             logger.info("rollouts on %s with rollout.engine=%s", backend.tags(), rollout.engine)
-            report = rollout_failures(tasks, cfg.protocol, cfg.seed, model, rollout, backend)
+            report = rollout_failures(env, tasks, cfg.protocol, cfg.seed, model, rollout, backend)
     except EngineUnavailable as e:
         if cfg.rollouts == "on":
             raise
@@ -181,12 +185,11 @@ def stage_copy(cfg: DatasetConfig, folder: Path) -> Path:
 
 
 @task(cache_policy=NONE)
-def validate(cfg: DatasetConfig, folder: Path):
+def validate(cfg: DatasetConfig, folder: Path, env):
     from rcgrpo.data.validation import ValidationFailed, validate_dir
 
-    report = validate_dir(
-        folder, cfg.high_share, cfg.balance_tolerance, docs_dir=cfg.project / cfg.docs_dir
-    )
+    docs = cfg.project / cfg.docs_dir
+    report = validate_dir(folder, env, cfg.high_share, cfg.balance_tolerance, docs_dir=docs)
     if not report.success:
         shutil.rmtree(folder, ignore_errors=True)  # never versioned; data/ is untouched
         raise ValidationFailed(report)
@@ -239,7 +242,7 @@ def publish_dataset_flow(
     cfg = _config(cfg, overrides)
     prepare(cfg)
     staged = stage_copy(cfg, Path(folder))
-    validate(cfg, staged)
+    validate(cfg, staged, get_env())
     result = version(cfg, staged)
     return result
 
@@ -255,30 +258,30 @@ def build_dataset_flow(
     """Build, validate and version the dataset; returns rev, md5, the files' counts and the
     rollouts summary.
 
-    rc: a resolved run (rcgrpo.run_config.RunConfig, from `rcgrpo run`): its model, rollout
-    and execution sections instead of params.yaml + the two override dicts.
+    rc: a resolved run (rcgrpo.run_config.RunConfig, from `rcgrpo run`): its model, rollout,
+    execution and env sections instead of params.yaml + the two override dicts.
     cfg: the `dataset:` config (default: params.yaml); overrides: fields replaced on top;
     model_overrides: on top of params.yaml `model:`, the policy rolled out by default;
     rollout_overrides: on top of params.yaml `rollout:` (engine, scheduler, budgets).
     """
-    cfg = _config(cfg, overrides)
+    cfg, env = _config(cfg, overrides), get_env(rc.env if rc is not None else None)
     prepare(cfg)
     rctp, sft, expert_failures, made = {}, {}, [], {}
     for split in ("train", "test"):
-        made[split] = generate_experts(cfg, split)
+        made[split] = generate_experts(cfg, split, env)
     tasks_by_split = {split: tasks for split, (tasks, _) in made.items()}
     rollouts, rollout_summary = generate_rollouts(
-        cfg, tasks_by_split, model_overrides, rollout_overrides, rc
+        cfg, tasks_by_split, model_overrides, rollout_overrides, rc, env
     )
     for split, (tasks, report) in made.items():
-        perturbed = generate_perturbations(cfg, split, tasks)
+        perturbed = generate_perturbations(cfg, split, tasks, env)
         rctp[split], sft[split] = label(cfg, report.experts, rollouts.get(split, []), perturbed)
         expert_failures += report.failed
     folder = write(cfg, rctp, sft, expert_failures, rollout_summary)
-    validate(cfg, folder)
+    validate(cfg, folder, env)
     result = version(cfg, folder)
     counts = {
-        f"{name}/{split}": {"high": sum(r.paper_reward for r in rows), "rows": len(rows)}
+        f"{name}/{split}": {"high": sum(r.reward for r in rows), "rows": len(rows)}
         for name, sets in (("rctp", rctp), ("sft", sft))
         for split, rows in sets.items()
     }

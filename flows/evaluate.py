@@ -1,4 +1,4 @@
-"""Prefect flow: held-out BFCL evaluation of a saved model (`rcgrpo.evaluation.evaluate`) as one MLflow
+"""Prefect flow: held-out evaluation of a saved model on the run's environment (`rcgrpo.evaluation.evaluate`) as one MLflow
 run nested under the pipeline's run.
 
 Writes, beside the evaluation's own report.json / outcomes.jsonl / bfcl_results/, a markdown
@@ -23,13 +23,12 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from rcgrpo.evaluation.compare import categories
 from rcgrpo.run_config import RunConfig
 from rcgrpo.runtime import apply_defaults
 from rcgrpo.tracking import runs as tracking
 
 apply_defaults()
-
-CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 
 
 def _fmt(a: dict | None) -> str:
@@ -42,7 +41,8 @@ def table_markdown(report: dict) -> str:
     """The evaluation table: one row per (protocol, checker, token, seed), % with Wilson 95%
     intervals; the headline protocol first, then the other one (reported beside it)."""
     head = "| protocol | checker | token | seed | n | pooled | category mean | "
-    lines = [head + " | ".join(CATEGORIES) + " |", "|" + "---|" * (7 + len(CATEGORIES))]
+    names = categories(report)
+    lines = [head + " | ".join(names) + " |", "|" + "---|" * (7 + len(names))]
     parts = [report, *(report.get("other_protocols") or {}).values()]
     for part in parts:
         for token, by_seed in part["runs"].items():
@@ -58,7 +58,7 @@ def table_markdown(report: dict) -> str:
                         str(n),
                         _fmt(summary["pooled"]),
                         _fmt(summary["category_mean"]),
-                        *(_fmt(cats.get(c)) for c in CATEGORIES),
+                        *(_fmt(cats.get(c)) for c in names),
                     ]
                     lines.append("| " + " | ".join(cells) + " |")
     for checker, gap in report.get("gap", {}).items():
@@ -77,7 +77,7 @@ def score(
     cfg, rc: RunConfig, model_path: str, run_id: str, prefix: str, name: str = "eval"
 ) -> tuple[dict, list[dict]]:
     """The evaluation report, and the episode traces written ({"trace_id", **tags} each)."""
-    from rcgrpo.bfcl import sandbox
+    from rcgrpo.envs import get
     from rcgrpo.evaluation.evaluate import run_eval
 
     to_mlflow = tracking.metrics_logger(run_id)
@@ -93,13 +93,14 @@ def score(
 
         tracer = traces.EpisodeTracer(run_id, rc.traces, {"variant": traces.run_variant(run_id)})
         hook = traces.eval_hook(tracer, name)
-    sandbox.use(rc.env)  # the run's `env:` for this process's tool workers
+    env = get(rc.env)  # the run's environment (its limits for this process's tool workers)
     with session(rc.execution) as backend:
         tracking.set_tags(run_id, backend.tags())  # the Ray job this stage's rollouts ran as
         report = run_eval(
             cfg,
             rc.model,
             model_path,
+            env,
             rc.rollout,
             log_metrics=log,
             backend=backend,
@@ -129,11 +130,12 @@ def evaluate_flow(
     "report" (path), "table" (path), "metrics", "traces" (the episode traces: {"trace_id",
     **tags} each)}. Metric names start with `prefix` (eval/..., or rl_tasks/before/... for the
     RL-task evaluations)."""
+    from rcgrpo.envs import get
     from rcgrpo.evaluation.evaluate import flat_metrics, resolve_protocol
 
-    cfg = resolve_protocol(eval_cfg or rc.eval, model_path)
+    cfg = resolve_protocol(eval_cfg or rc.eval, get(rc.env), model_path)
     config = {"eval": dataclasses.asdict(cfg), "model_path": model_path}
-    config |= {k: dataclasses.asdict(getattr(rc, k)) for k in ("model", "rollout", "traces")}
+    config |= {k: dataclasses.asdict(getattr(rc, k)) for k in ("model", "rollout", "traces", "env")}
     with tracking.start_run(
         name, config=config, parent_run_id=parent_run_id, tags={"stage": "eval"}
     ) as run:

@@ -149,6 +149,7 @@ def pipeline_flow(
             "variant": v.name,
             "preset": preset,
             "profile": rc.model.profile,
+            "env": rc.env.name,
             "data_version": out["data_version"],
             "git_commit": run.data.tags.get("git.commit"),
             "model_version": out.get("model_version"),

@@ -308,10 +308,12 @@ def main() -> int:
                   f"{base / 1e9:.2f}B base parameters, {train / 1e6:.2f}M trainable (LoRA r=16 + "
                   f"reward rows), dtype {policy.config.dtype}, device {policy.config.device}, "
                   f"gradient checkpointing on", flush=True)  # fmt: skip
-            engine = make_engine(rollout_cfg, policy)
+            from rcgrpo.envs.bfcl.environment import BFCL
+
+            engine = make_engine(rollout_cfg, policy, BFCL)
             tasks = pick_tasks(args.tasks, args.seed)
-            score = parity if reward == "parity" else None
-            trainer = Trainer(policy, engine, tasks, cfg, score_fn=score,
+            score = parity if reward == "parity" else BFCL.scorer(cfg.protocol, cfg.reward or None)
+            trainer = Trainer(policy, engine, tasks, cfg, score,
                               temperature=rollout_cfg.temperature)  # fmt: skip
         limits = engine.cfg
         print(f"step: {len(tasks)} tasks ({', '.join(sorted({t.category for t in tasks}))}) x "

@@ -137,6 +137,8 @@ def phase(name, engine, tasks, tokens, seed, n_gpus, unit) -> float:
 
 
 def main() -> int:
+    from rcgrpo.envs.bfcl.environment import BFCL
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="torch device of the policy")
     parser.add_argument("--dtype", default="bfloat16", help="weights dtype (7B)")
@@ -184,7 +186,7 @@ def main() -> int:
     print(f"workload: {len(tasks) // args.group} tasks x G={args.group} = {len(tasks)} episodes, "
           f"4 categories, protocol {args.protocol}, T=1, max_new_tokens {args.max_new_tokens}, "
           f"max_steps {args.max_steps}, max_batch {args.max_batch}", flush=True)  # fmt: skip
-    warm = make_engine(cfg, policy)
+    warm = make_engine(cfg, policy, BFCL)
     warm.rollout(tasks[:: args.group][:4], tokens[:4], seed=99)  # kernels, allocator, tools
     print(f"warm-up done at {time.perf_counter() - t0:.0f} s", flush=True)
     walls, last = {}, 0.0
@@ -201,7 +203,7 @@ def main() -> int:
             continue
         from dataclasses import replace
 
-        engine = make_engine(replace(cfg, engine=engine_name, scheduler=scheduler), policy)
+        engine = make_engine(replace(cfg, engine=engine_name, scheduler=scheduler), policy, BFCL)
         unit = "GPU" if args.device == "cuda" else "CPU"
         last = walls[name] = phase(name, engine, tasks, tokens, 0, n_gpus, unit)
         if hasattr(engine, "close"):

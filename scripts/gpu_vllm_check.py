@@ -25,6 +25,8 @@ import time
 
 
 def main() -> int:
+    from rcgrpo.envs.bfcl.environment import BFCL
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="torch device of the policy")
     parser.add_argument("--episodes", type=int, default=8, help="episodes in the parity checks")
@@ -57,14 +59,16 @@ def main() -> int:
                            max_total_tokens=1200, max_batch=64)  # fmt: skip
     t0 = time.perf_counter()
     vllm = make_engine(RolloutConfig(**{**greedy.__dict__, "engine": "vllm",
-                                        "vllm_max_lora_rank": 8}), policy)  # fmt: skip
+                                        "vllm_max_lora_rank": 8}), policy, BFCL)  # fmt: skip
     print(f"vllm server up in {time.perf_counter() - t0:.1f} s (venv ready, export, /health)")
     try:
 
         def parity(label):
+            from rcgrpo.envs.bfcl.environment import BFCL
+
             nonlocal ok
             t = time.perf_counter()
-            hf = make_engine(greedy, policy).rollout(tasks, tokens, seed=0)
+            hf = make_engine(greedy, policy, BFCL).rollout(tasks, tokens, seed=0)
             t_hf = time.perf_counter() - t
             t = time.perf_counter()
             vl = vllm.rollout(tasks, tokens, seed=0)
@@ -108,7 +112,9 @@ def main() -> int:
         cfg = RLConfig(steps=1, tasks_per_step=2, group_size=4, tasks_from="", save_every=0,
                        out_dir=tempfile.mkdtemp(prefix="rcgrpo-gpu-check-"))  # fmt: skip
         t = time.perf_counter()
-        metrics = Trainer(policy, vllm, tasks_in("train")[:8], cfg).train_step(0)
+        metrics = Trainer(
+            policy, vllm, tasks_in("train")[:8], cfg, BFCL.scorer(cfg.protocol)
+        ).train_step(0)
         gap = metrics["rollout/logprob_gap"]
         ok &= gap < 1e-4
         print(f"4. one RC-GRPO step through vllm in {time.perf_counter() - t:.1f} s: reward "

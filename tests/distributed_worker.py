@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))  # toy_models
 from toy_models import tiny_llama  # noqa: E402
 
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.training import distributed  # noqa: E402
 from rcgrpo.training.sft import train_sft  # noqa: E402
 from rcgrpo.training.sft_config import SFTConfig  # noqa: E402
@@ -71,7 +72,7 @@ def rl_hf(out_dir: str, engine_logprobs: bool = False) -> dict:
     # group's timeout 2,000 s, above the 30 min floor: the test reads it back from gloo
     limits = dict(max_new_tokens=12, max_total_tokens=20_000, max_steps=2, max_batch=8)
     device = policy.config.device  # resolved: cpu here
-    engine = make_engine(RolloutConfig(temperature=1.0, **limits), policy, device=device)
+    engine = make_engine(RolloutConfig(temperature=1.0, **limits), policy, BFCL, device=device)
     tasks = tasks_in("train")[::60][:6]  # across the categories; short enough for the budget
     cfg = RLConfig(
         tasks_per_step=4, group_size=2, steps=2, inner_epochs=2, mini_batch_size=4,
@@ -79,9 +80,9 @@ def rl_hf(out_dir: str, engine_logprobs: bool = False) -> dict:
     )  # fmt: skip
     if engine_logprobs:
         cfg = dataclasses.replace(cfg, behaviour_logprobs="engine", engine_is="token")
-    trainer = Trainer(policy, engine, tasks, cfg, score_fn=parity_reward)
+    trainer = Trainer(policy, engine, tasks, cfg, parity_reward)
     # greedy: the step's groups split between the ranks give the 1-process rollouts
-    greedy = make_engine(RolloutConfig(temperature=0.0, **limits), policy, device=device)
+    greedy = make_engine(RolloutConfig(temperature=0.0, **limits), policy, BFCL, device=device)
     step_tasks, tokens = trainer.draw(1)
     g = rollouts.roll_out(greedy, trainer.ranks, step_tasks, tokens, cfg, 1, parity_reward)
     history = trainer.train()
@@ -122,7 +123,7 @@ def run(out_dir: str, stage: str = "sft") -> dict:
         )  # fmt: skip
         if stage == "rl-stall":  # beats every 0.2 s, a rank 3 s without progress is named
             cfg = dataclasses.replace(cfg, heartbeat_s=0.2, stall_s=3.0)
-        trainer = Trainer(policy, ToyEngine(policy), TASKS, cfg)
+        trainer = Trainer(policy, ToyEngine(policy), TASKS, cfg, BFCL.scorer(cfg.protocol))
         history = trainer.train()
         extra["rolled_out"] = trainer.rolled_out
     else:

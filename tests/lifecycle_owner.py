@@ -16,6 +16,7 @@ import time
 
 
 def main() -> None:
+    from rcgrpo.envs.bfcl.environment import BFCL
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
     from rcgrpo.rollout.config import RolloutConfig
@@ -29,7 +30,7 @@ def main() -> None:
         vllm_max_lora_rank=8,
         vllm_max_num_seqs=4,
     )
-    engine = make_engine(cfg, policy)
+    engine = make_engine(cfg, policy, BFCL)
     server = engine.server
     line = {"owner": os.getpid(), "guard": server.proc.pid, "server": server.server_pid()}
     print(json.dumps(line), flush=True)

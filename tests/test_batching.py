@@ -13,6 +13,7 @@ import pytest
 import torch
 from toy_models import tiny_llama
 
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.training import forward
 from rcgrpo.training.batching import (
     computed_tokens,
@@ -155,7 +156,7 @@ class MixEngine:
             r = int(7 in ids[len(prompt) :])
             out.append(SimpleNamespace(
                 ids=ids, loss_mask=[0] * len(prompt) + [1] * 4, logprobs=logps, calls=[],
-                stop_reason="done", trajectory=SimpleNamespace(paper_reward=r, bfcl_reward=r),
+                stop_reason="done", trajectory=SimpleNamespace(reward=r, checks={"paper": r, "bfcl": r}, reward_reason={}),
             ))  # fmt: skip
         return out
 
@@ -170,7 +171,7 @@ def rl_run(tmp_path, **over):
         out_dir=str(tmp_path), tasks_per_step=6, group_size=2, steps=2, lr=5e-3, save_every=0,
         mini_batch_size=6, micro_batch_size=3, inner_epochs=2, **over,
     )  # fmt: skip
-    history = Trainer(policy, MixEngine(policy), tasks, cfg).train()
+    history = Trainer(policy, MixEngine(policy), tasks, cfg, BFCL.scorer(cfg.protocol)).train()
     return policy.model, history
 
 

@@ -62,8 +62,8 @@ def test_flow_builds_a_validated_versioned_balanced_dataset(v1):
     generators = Counter(r.provenance.generator for r in train)
     assert generators["expert"] == 8 and generators["rollout"] <= 4  # rollout_share 0.5
     assert any(g.startswith("perturbation:") for g in generators)
-    assert all(is_usable_failure(r) for r in train if r.paper_reward == 0)
-    assert Counter(r.paper_reward for r in read_jsonl(root / "data/rctp/test.jsonl")) == {
+    assert all(is_usable_failure(r) for r in train if r.reward == 0)
+    assert Counter(r.reward for r in read_jsonl(root / "data/rctp/test.jsonl")) == {
         1: 4,
         0: 4,
     }

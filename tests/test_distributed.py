@@ -151,8 +151,9 @@ def test_pipeline_stages_on_two_ranks(prefect_server, mlflow_store, tmp_path, mo
     from flows.train import train_flow
     from rcgrpo.bfcl.tasks import tasks_in
     from rcgrpo.chat.record import write_jsonl
-    from rcgrpo.data.experts import expert
-    from rcgrpo.data.perturbations import perturbations
+    from rcgrpo.envs.bfcl.environment import BFCL
+    from rcgrpo.envs.bfcl.experts import expert
+    from rcgrpo.envs.bfcl.perturbations import perturbations
     from rcgrpo.models.profiles import ModelConfig
     from rcgrpo.run_config import resolve
     from rcgrpo.training.sft import run_sft
@@ -164,7 +165,7 @@ def test_pipeline_stages_on_two_ranks(prefect_server, mlflow_store, tmp_path, mo
     sft = {"data": str(tmp_path / "rctp.jsonl"), "epochs": 2, "batch_size": 3,
            "micro_batch_size": 1, "lr": 1e-3, "warmup_ratio": 0.0}  # fmt: skip
     model = {"profile": "tiny", "device": "cpu"}
-    one = run_sft(SFTConfig(**sft, out_dir=str(tmp_path / "one")), ModelConfig(**model))
+    one = run_sft(SFTConfig(**sft, out_dir=str(tmp_path / "one")), ModelConfig(**model), BFCL)
     assert one.is_dir()
     last = json.loads((tmp_path / "one" / "metrics.json").read_text())  # its last step
 
@@ -206,14 +207,14 @@ def test_a_ranks_share_samples_what_one_process_does():
     """A rank's share of a step (first_index = its first episode in the batch), through the
     pipeline's sharded local engine too: sampled (T = 1) ids equal the whole batch's slice."""
     from rcgrpo.bfcl.tasks import tasks_in
+    from rcgrpo.envs.bfcl.environment import BFCL
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
     from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import ShardedEngine, make_engine
 
     policy = load_policy(ModelConfig(profile="tiny"))
-    engine = make_engine(RolloutConfig(max_new_tokens=8, max_total_tokens=1400, max_steps=2),
-                         policy)  # fmt: skip
+    engine = make_engine(RolloutConfig(max_new_tokens=8, max_total_tokens=1400, max_steps=2), policy, BFCL)  # fmt: skip
     tasks = tasks_in("train")[::100][:4]
     whole = engine.rollout(tasks, None, "bfcl", seed=3)
     share = engine.rollout(tasks[2:], None, "bfcl", seed=3, first_index=2)
@@ -229,6 +230,7 @@ def test_a_ranks_share_samples_what_one_process_does():
 def test_several_vllm_servers_per_rank_are_refused_under_a_launcher(monkeypatch, layout):
     """Under torchrun / rcgrpo run --procs every rank would start all the listed servers on the
     same GPUs: refused before anything loads (no model, no server, no data read)."""
+    from rcgrpo.envs.bfcl.environment import BFCL
     from rcgrpo.models.profiles import ModelConfig
     from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.training.grpo.config import RLConfig
@@ -237,7 +239,7 @@ def test_several_vllm_servers_per_rank_are_refused_under_a_launcher(monkeypatch,
     monkeypatch.setenv("WORLD_SIZE", "2")
     rollout = RolloutConfig(engine="vllm", **layout)
     with pytest.raises(ValueError, match="under a launcher: every rank would start all"):
-        run_rl(RLConfig(init_path="/nonexistent"), ModelConfig(profile="tiny"), rollout)
+        run_rl(RLConfig(init_path="/nonexistent"), ModelConfig(profile="tiny"), BFCL, rollout)
     monkeypatch.setenv("WORLD_SIZE", "1")  # one process may drive several servers
     with pytest.raises(FileNotFoundError, match="initial model"):
-        run_rl(RLConfig(init_path="/nonexistent"), ModelConfig(profile="tiny"), rollout)
+        run_rl(RLConfig(init_path="/nonexistent"), ModelConfig(profile="tiny"), BFCL, rollout)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from bfcl_loops import bfcl_loop
 
 from rcgrpo.bfcl.tasks import get_task, tasks_in
 from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
-from rcgrpo.rollout.agent_loop import AgentLoop
 from rcgrpo.rollout.config import RolloutConfig
 from rcgrpo.rollout.execution import make_engine
 from rcgrpo.rollout.hf import sample_next, uniforms
@@ -34,21 +35,21 @@ def tasks():
 
 @pytest.fixture(scope="module")
 def rollouts(policy, tasks):
-    engine = make_engine(CFG, policy)
+    engine = make_engine(CFG, policy, BFCL)
     return engine.rollout(tasks, [HIGH, LOW] * 3, seed=7)
 
 
 def test_seeded_rollouts_reproduce_and_seeds_matter(policy, tasks, rollouts):
-    again = make_engine(CFG, policy).rollout(tasks, [HIGH, LOW] * 3, seed=7)
+    again = make_engine(CFG, policy, BFCL).rollout(tasks, [HIGH, LOW] * 3, seed=7)
     assert [r.ids for r in again] == [r.ids for r in rollouts]
     assert [r.logprobs for r in again] == [r.logprobs for r in rollouts]
-    other = make_engine(CFG, policy).rollout(tasks, [HIGH, LOW] * 3, seed=8)
+    other = make_engine(CFG, policy, BFCL).rollout(tasks, [HIGH, LOW] * 3, seed=8)
     assert [r.ids for r in other] != [r.ids for r in rollouts]
 
 
 def test_an_episode_does_not_depend_on_its_batch(policy, tasks, rollouts):
     """Episode 2 alone (batch of 1, no padding) samples the same ids as inside the batch."""
-    alone = make_engine(CFG, policy)
+    alone = make_engine(CFG, policy, BFCL)
     from rcgrpo.rollout.scheduler import episode_seed
 
     loop_ids = rollouts[2].ids[: rollouts[2].prompt_len]
@@ -77,7 +78,7 @@ def test_sampled_tokens_are_the_only_masked_in_and_bounded(policy, rollouts):
     for r in rollouts:
         # the sampled ids, decoded, are the conversation the chat template renders
         history = [{k: m[k] for k in ("role", "content")} for m in r.messages]
-        tools = AgentLoop(get_task(r.task_id), renderer, "combined", None).tools
+        tools = bfcl_loop(get_task(r.task_id), renderer, "combined", None).tools
         assert renderer.decode(r.ids) == renderer.text(history, tools, False)
         assert r.n_sampled >= 1 and all(m == 0 for m in r.mask[: r.prompt_len])
         assert r.stop_reason in ("no_calls", "done", "step_limit", "token_budget")
@@ -87,7 +88,7 @@ def test_sampled_tokens_are_the_only_masked_in_and_bounded(policy, rollouts):
 
 
 def test_greedy_is_argmax_and_stops_at_max_new(policy, tasks):
-    engine = make_engine(RolloutConfig(temperature=0.0, max_new_tokens=5), policy)
+    engine = make_engine(RolloutConfig(temperature=0.0, max_new_tokens=5), policy, BFCL)
     prompt = engine.renderer.prompt([{"role": "user", "content": "ls"}], None)
     ids = list(prompt)
     (sample,) = engine.generate([prompt], [5], [0])
@@ -106,14 +107,14 @@ def test_a_second_stop_token_ends_the_message_as_sampled(policy, tasks):
     import dataclasses
 
     greedy = RolloutConfig(temperature=0.0, max_new_tokens=12, max_total_tokens=1200)
-    (plain,) = make_engine(greedy, policy).rollout(tasks[:1], HIGH, seed=0)
+    (plain,) = make_engine(greedy, policy, BFCL).rollout(tasks[:1], HIGH, seed=0)
     first = plain.ids[plain.prompt_len :][:12]  # the first message's greedy ids
     assert plain.mask[plain.prompt_len :][:3] == [1, 1, 1]  # three sampled tokens at least
     eom = first[2]  # a token it samples mid-message stands in for <|eom_id|>
     assert eom != policy.stop_id
     both = dataclasses.replace(policy, also_stop=(eom,))
     assert both.stop_ids == (policy.stop_id, eom)
-    (cut,) = make_engine(greedy, both).rollout(tasks[:1], HIGH, seed=0)
+    (cut,) = make_engine(greedy, both, BFCL).rollout(tasks[:1], HIGH, seed=0)
     n = first.index(eom) + 1  # the message ends at the first eom, which was sampled
     assert cut.ids[cut.prompt_len : cut.prompt_len + n] == first[:n]
     assert cut.mask[cut.prompt_len : cut.prompt_len + n] == [1] * n
@@ -162,8 +163,8 @@ def test_inverse_cdf_sampling_follows_the_softmax():
 def test_rows_that_stop_early_leave_the_others_unchanged(policy, tasks):
     """Different max_new per row (rows cut from the cache mid-way) and different prompt lengths:
     every row equals the same prompt generated alone, ids and log-probs."""
-    engine = make_engine(CFG, policy)
-    loops = [AgentLoop(t, engine.renderer, "combined", None) for t in tasks]
+    engine = make_engine(CFG, policy, BFCL)
+    loops = [bfcl_loop(t, engine.renderer, "combined", None) for t in tasks]
     prompts = [loop.ids[: 300 + 37 * i] for i, loop in enumerate(loops)]
     prompts[3] = prompts[2]  # equal lengths share a prefill forward
     max_new, seeds = [1, 3, 20, 20, 5, 20], [11, 12, 13, 14, 15, 16]
@@ -184,7 +185,7 @@ def test_bfcl_protocol_rolls_every_turn_through_the_engine(policy, tasks):
     from rcgrpo.chat.prompts import Renderer
 
     cfg = RolloutConfig(protocol="bfcl", max_new_tokens=12, max_total_tokens=1500)
-    rollouts = make_engine(cfg, policy).rollout(tasks[:3], HIGH, seed=0)
+    rollouts = make_engine(cfg, policy, BFCL).rollout(tasks[:3], HIGH, seed=0)
     renderer = Renderer(policy.tokenizer, policy.stop_id)
     for task, r in zip(tasks[:3], rollouts, strict=True):
         assert r.protocol == "bfcl" and r.trajectory.protocol == "bfcl"
@@ -192,7 +193,7 @@ def test_bfcl_protocol_rolls_every_turn_through_the_engine(policy, tasks):
         if r.stop_reason == "finished":  # the random policy answers in prose: one turn each
             assert len(r.calls) == len(task.turns) == len(users)
         history = [{k: m[k] for k in ("role", "content")} for m in r.messages]
-        tools = AgentLoop(task, renderer, "bfcl", None).tools
+        tools = bfcl_loop(task, renderer, "bfcl", None).tools
         assert renderer.decode(r.ids) == renderer.text(history, tools, False)
 
 
@@ -200,9 +201,9 @@ def test_prefix_cache_changes_nothing_but_the_work(policy, tasks):
     """bfcl protocol (several messages per episode): reusing an episode's K/V across its
     messages samples the same ids, and its log-probs are a training forward pass's."""
     cfg = RolloutConfig(protocol="bfcl", max_new_tokens=16, max_total_tokens=1500, max_batch=8)
-    engine = make_engine(cfg, policy)
+    engine = make_engine(cfg, policy, BFCL)
     cached = engine.rollout(tasks, HIGH, seed=3)
-    plain = make_engine(RolloutConfig(**{**cfg.__dict__, "prefix_cache": False}), policy)
+    plain = make_engine(RolloutConfig(**{**cfg.__dict__, "prefix_cache": False}), policy, BFCL)
     again = plain.rollout(tasks, HIGH, seed=3)
     assert engine.prefilled_tokens < plain.prefilled_tokens / 2  # the store was used
     assert [r.ids for r in cached] == [r.ids for r in again]
@@ -263,7 +264,7 @@ def vllm_engine(lora_policy):
     from rcgrpo.rollout.vllm_lifecycle import group_alive
 
     cfg = RolloutConfig(**{**VLLM_CFG.__dict__, "engine": "vllm", "vllm_max_lora_rank": 8})
-    engine = make_engine(cfg, lora_policy)
+    engine = make_engine(cfg, lora_policy, BFCL)
     yield engine
     groups = (engine.server.proc.pid, engine.server.server_pid())  # its guard, the server
     engine.close()
@@ -271,7 +272,7 @@ def vllm_engine(lora_policy):
 
 
 def _greedy_hf(policy, tasks):
-    return make_engine(VLLM_CFG, policy).rollout(tasks, [HIGH, LOW] * 2, seed=0)
+    return make_engine(VLLM_CFG, policy, BFCL).rollout(tasks, [HIGH, LOW] * 2, seed=0)
 
 
 def test_vllm_greedy_ids_and_calls_equal_hf(lora_policy, vllm_engine, tasks):
@@ -350,7 +351,7 @@ def test_vllm_reward_rows_stay_frozen_through_the_trainer_and_a_real_step(
     rows = {n: p for n, p in lora_policy.model.named_parameters() if "trainable_tokens" in n}
     cfg = RLConfig(tasks_per_step=3, group_size=4, steps=1, lr=5e-2, kl_coef=0.1,
                    save_every=0, out_dir=str(tmp_path), protocol="bfcl")  # fmt: skip
-    trainer = Trainer(lora_policy, vllm_engine, tasks, cfg, score_fn=parity)
+    trainer = Trainer(lora_policy, vllm_engine, tasks, cfg, parity)
     assert trainer.ref_adapter is not None  # the reference adapter was added ...
     assert not any(p.requires_grad for p in rows.values())  # ... and the freeze held
     assert not any(p is q for p in rows.values() for q in trainer.params)
@@ -386,7 +387,7 @@ def test_vllm_serves_the_behaviour_logprobs_of_a_real_step(
     cfg = RLConfig(tasks_per_step=2, group_size=2, steps=1, lr=1e-3, save_every=0,
                    out_dir=str(tmp_path), protocol="bfcl", advantage="sign",
                    behaviour_logprobs="engine", engine_is="token")  # fmt: skip
-    trainer = Trainer(lora_policy, vllm_engine, tasks, cfg)
+    trainer = Trainer(lora_policy, vllm_engine, tasks, cfg, BFCL.scorer(cfg.protocol))
     vllm_engine.cfg = replace(vllm_engine.cfg, temperature=1.0)
     try:
         m = trainer.train_step(1)
@@ -404,11 +405,11 @@ def test_vllm_full_finetune_syncs_by_restart(policy, tasks):
     import copy
 
     full = copy.deepcopy(policy)
-    engine = make_engine(RolloutConfig(**{**VLLM_CFG.__dict__, "engine": "vllm"}), full)
+    engine = make_engine(RolloutConfig(**{**VLLM_CFG.__dict__, "engine": "vllm"}), full, BFCL)
     try:
         before = engine.rollout(tasks[:2], HIGH, seed=0)
         assert [r.ids for r in before] == [
-            r.ids for r in make_engine(VLLM_CFG, full).rollout(tasks[:2], HIGH, seed=0)
+            r.ids for r in make_engine(VLLM_CFG, full, BFCL).rollout(tasks[:2], HIGH, seed=0)
         ]
         gen = torch.Generator().manual_seed(1)
         with torch.no_grad():
@@ -417,7 +418,7 @@ def test_vllm_full_finetune_syncs_by_restart(policy, tasks):
         engine.sync(full)
         after = engine.rollout(tasks[:2], HIGH, seed=0)
         assert [r.ids for r in after] != [r.ids for r in before]
-        hf = make_engine(VLLM_CFG, full).rollout(tasks[:2], HIGH, seed=0)
+        hf = make_engine(VLLM_CFG, full, BFCL).rollout(tasks[:2], HIGH, seed=0)
         assert [r.ids for r in after] == [r.ids for r in hf]
     finally:
         engine.close()
@@ -431,7 +432,7 @@ def test_episodes_carry_their_measured_clock(policy, tasks):
 
     cfg = RolloutConfig(protocol="bfcl", max_new_tokens=12, max_total_tokens=1500)
     started = time.time_ns()
-    rollouts = make_engine(cfg, policy).rollout(tasks[:3], HIGH, seed=0)
+    rollouts = make_engine(cfg, policy, BFCL).rollout(tasks[:3], HIGH, seed=0)
     ended = time.time_ns()
     for r in rollouts:
         t = r.timing

@@ -1,6 +1,7 @@
-"""A second environment through the seam (rcgrpo.rollout.environment): a calculator task set
-runs one RL step through the same Trainer and one evaluation through the same `evaluate`, and
-BFCL satisfies the same protocols. docs/environments.md walks through it.
+"""The environment seam (rcgrpo.rollout.environment) and its implementations: BFCL and the
+calculator (rcgrpo.envs.calculator) go through the same agent loop, engine, Trainer and
+evaluation; the run picks one by `env.name`; BFCL's names (metrics, outcomes.jsonl, the
+bfcl-eval export) stay what they were. docs/environments.md walks through it.
 
     .venv/bin/pytest tests/test_environment_seam.py -q
 """
@@ -8,227 +9,158 @@ BFCL satisfies the same protocols. docs/environments.md walks through it.
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
 import torch
-from test_trainer import tiny_policy
 
-from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.chat.prompts import Renderer
+from rcgrpo.chat.record import HIGH
+from rcgrpo.envs.bfcl.environment import BFCL
+from rcgrpo.envs.calculator import Calculator
+from rcgrpo.rollout.agent_loop import AgentLoop, Limits, results
 from rcgrpo.rollout.environment import Environment, Episode, Rewards, Scorer
 
-# -- the toy environment: "a + b = ?", one tool add(a, b); ~50 lines --------------------------
-CHARS = "0123456789+     "  # token id -> character (the tiny model's 16 ids)
-ADD_DOC = {"name": "add", "description": "a + b", "parameters": {"a": "int", "b": "int"}}
+CALC = Calculator()
+SMALL = dict(max_new_tokens=8, max_total_tokens=512, max_steps=3, max_batch=16)
 
 
-@dataclass(frozen=True)
-class CalcTask:
-    id: str
-    a: int
-    b: int
-    category: str = "add"
+@pytest.fixture(scope="module")
+def policy():
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.models.profiles import ModelConfig
+
+    return load_policy(ModelConfig(profile="tiny"))
 
 
-@dataclass
-class CalcEpisode:
-    """One turn; a message "x+y" calls add(x, y), any other message answers (its last digit)."""
-
-    task: CalcTask
-    step_limit: int = 2
-    steps: int = 0
-    answer: int | None = None
-    calls: list = field(default_factory=list)
-
-    def begin_turn(self, turn=None) -> list[dict]:
-        return [{"role": "user", "content": f"{self.task.a} + {self.task.b} = ?"}]
-
-    def tool_docs(self) -> list[dict]:
-        return [ADD_DOC]
-
-    @property
-    def steps_left(self) -> int:
-        return self.step_limit - self.steps
-
-    def step(self, text: str):
-        self.steps += 1
-        if m := re.search(r"(\d)\+(\d)", text):
-            self.calls.append(f"add({m[1]}, {m[2]})")
-            return SimpleNamespace(
-                calls=[self.calls[-1]], observations=[str(int(m[1]) + int(m[2]))]
-            )
-        digits = re.findall(r"\d", text)
-        self.answer = int(digits[-1]) if digits else None
-        return SimpleNamespace(calls=[], observations=[])
+def say(loop: AgentLoop, text: str) -> None:
+    ids = loop.renderer.encode(text) + [loop.renderer.stop_id]
+    loop.feed(ids, [-1.0] * len(ids))
 
 
-def calc_score(task: CalcTask, rollout) -> Rewards:
-    correct = int(rollout.answer == task.a + task.b)
-    used = int(bool(rollout.calls[0]))  # calls: per turn, per step, call strings
-    return Rewards(float(correct), {"correct": correct, "used_add": used})
+def test_the_run_picks_the_environment_by_name():
+    from rcgrpo.config import ConfigError, build
+    from rcgrpo.envs import get
+    from rcgrpo.envs.config import EnvConfig
+
+    assert (
+        get(EnvConfig()).name == "bfcl" and get(EnvConfig(name="calculator")).name == "calculator"
+    )
+    with pytest.raises(ConfigError, match=r"env.name=gsm8k: must be one of bfcl, calculator"):
+        build(EnvConfig, {"name": "gsm8k"}, "env")
 
 
-class Calculator:
-    name = "calculator"
-
-    def tasks(self, split: str) -> list[CalcTask]:
-        return [CalcTask(f"calc_{i}", i % 3, i // 3) for i in range(6)]
-
-    def episode(self, task: CalcTask, protocol: str = "") -> CalcEpisode:
-        return CalcEpisode(task)
-
-    def scorer(self, protocol: str = "", reward: str | None = None) -> Scorer:
-        return calc_score
-
-
-TOY = Calculator()
-
-
-class CalcEngine:
-    """Drives toy episodes with the live tiny policy: 3 sampled tokens per message, the tool's
-    answer appended as unsampled tokens; seeded per episode like Engine.rollout."""
-
-    def __init__(self, policy, env: Environment):
-        self.policy, self.env, self.synced = policy, env, 0
-
-    def sync(self, policy):
-        self.synced += 1
-
-    @torch.no_grad()
-    def rollout(self, tasks, reward_tokens, protocol, seed, first_index=0):
-        out = []
-        for i, (task, tok) in enumerate(zip(tasks, reward_tokens, strict=True)):
-            g = torch.Generator().manual_seed(seed * 10_007 + first_index + i)
-            ep = self.env.episode(task, protocol)
-            ep.begin_turn()
-            ids = [task.a, 10, task.b] + {HIGH: [14], LOW: [15]}.get(tok, [])
-            mask, logps = [0] * len(ids), [0.0] * len(ids)
-            while ep.steps_left > 0:
-                for _ in range(3):
-                    p = torch.softmax(
-                        self.policy.model(input_ids=torch.tensor([ids])).logits[0, -1], -1
-                    )
-                    nxt = int(torch.multinomial(p, 1, generator=g))
-                    ids, mask, logps = ids + [nxt], mask + [1], logps + [float(p[nxt].log())]
-                result = ep.step("".join(CHARS[t] for t in ids[-3:]))
-                if not result.calls:
-                    break
-                shown = [CHARS.index(c) for c in result.observations[0][-1]]
-                ids, mask, logps = ids + shown, mask + [0], logps + [0.0]
-            calls = [[[c] for c in ep.calls]]  # one turn; one call per step
-            out.append(
-                SimpleNamespace(
-                    ids=ids,
-                    loss_mask=mask,
-                    logprobs=logps,
-                    calls=calls,
-                    answer=ep.answer,
-                    stop_reason="done",
-                    reward_token=tok,
-                )
-            )
-        return out
-
-
-# -- the seam, tested --------------------------------------------------------------------------
-def test_bfcl_and_the_toy_satisfy_the_protocols():
-    from rcgrpo.bfcl.tasks import get_task
-    from rcgrpo.rollout.bfcl_environment import BFCL
-
-    for env in (BFCL, TOY):
+def test_bfcl_and_the_calculator_satisfy_the_protocols():
+    for env in (BFCL, CALC):
         assert isinstance(env, Environment)
-        task = env.tasks("test")[0] if env is TOY else get_task("multi_turn_base_0")
-        episode = env.episode(task, "bfcl")
-        assert isinstance(episode, Episode) and isinstance(env.scorer("bfcl"), Scorer)
-        assert episode.begin_turn() and episode.tool_docs() and episode.steps_left > 0
+        task = env.tasks("test")[0]
+        assert env.task(task.id) is task and {t.category for t in env.tasks("train")} <= set(
+            env.categories
+        )
+        episode = env.episode(task, env.protocols[-1])
+        assert isinstance(episode, Episode) and isinstance(env.scorer(env.protocols[0]), Scorer)
+        messages, docs = episode.opening()
+        assert messages[-1]["role"] == "user"
+        assert {d["name"] for d in episode.tool_docs()} <= {d["name"] for d in docs}
+        assert episode.steps_left > 0
 
 
-def test_one_rl_step_trains_on_the_toy_scorer(tmp_path):
+def test_a_calculator_episode_in_the_agent_loop_scores_what_it_saw(policy):
+    """Token-exact like BFCL's: the call's result comes back as a tool message (mask 0), the
+    answer ends the episode, and the scorer's checks say what happened."""
+    renderer = Renderer(policy.tokenizer, policy.stop_id)
+    task = CALC.task("calc_add_0")
+    loops = []
+    for call, shown, answer in (
+        (task.ground_truth[0][0], str(task.answer), str(task.answer)),
+        ("mul(a=2, b=3)", "6", "6"),
+    ):
+        loop = AgentLoop(CALC.episode(task, "combined"), renderer, HIGH, Limits(16, 512, 3))
+        say(loop, f"[{call}]")
+        assert loop.messages[-1] == {"role": "tool", "content": shown}
+        say(loop, answer)
+        loops.append(loop)
+    right, wrong = results(loops, CALC.scorer("combined"))
+    assert (right.stop_reason, right.trajectory.checks) == (
+        "finished",
+        {"correct": 1, "used_tool": 1},
+    )
+    assert wrong.trajectory.checks == {"correct": int(task.answer == 6), "used_tool": 0}
+    assert right.trajectory.reward == 1 and right.trajectory.split == "test"
+    sampled = [t for t, m in zip(right.ids, right.mask, strict=True) if m]
+    assert renderer.decode(sampled).count("<|im_end|>") == 2  # the two messages, nothing else
+    # the record renders for SFT exactly as it was rolled out
+    from rcgrpo.rollout.sft_render import render_example
+
+    assert render_example(right.trajectory, policy, CALC).ids == right.ids
+
+
+def test_one_rl_step_on_the_calculator_through_the_engine(policy, tmp_path):
+    """The real HF engine, the real Trainer, the calculator's scorer: one step's rewards are its
+    checks by group, its advantages their GRPO normalisation; no BFCL name in its metrics."""
+    from rcgrpo.rollout.config import RolloutConfig
+    from rcgrpo.rollout.execution import make_engine
     from rcgrpo.training.grpo.config import RLConfig
     from rcgrpo.training.grpo.core_algos import group_advantages
     from rcgrpo.training.grpo.trainer import Trainer
 
-    policy = tiny_policy()
-    cfg = RLConfig(
-        out_dir=str(tmp_path),
-        tasks_per_step=3,
-        group_size=4,
-        lr=5e-3,
-        steps=1,
-        save_every=0,
-        micro_batch_size=6,
-    )
+    cfg = RLConfig(out_dir=str(tmp_path), tasks_per_step=3, group_size=4, steps=1, save_every=0,
+                   micro_batch_size=6, mini_batch_size=0, kl_coef=0.0)  # fmt: skip
+    engine = make_engine(RolloutConfig(**SMALL), policy, CALC)
     seen = []
-    trainer = Trainer(
-        policy,
-        CalcEngine(policy, TOY),
-        TOY.tasks("train"),
-        cfg,
-        score_fn=TOY.scorer(cfg.protocol),
-        on_rollouts=lambda s, o: seen.append((o, list(o.records))),
-    )
-    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer = Trainer(policy, engine, CALC.tasks("train"), cfg, CALC.scorer(cfg.protocol),
+                      on_rollouts=lambda s, o: seen.append((o, list(o.records))))  # fmt: skip
     m = trainer.train_step(1)
     ((out, records),) = seen
-    # each rollout scored by the toy scorer: checked against what its episode saw
-    flat_tasks = [t for t in out.tasks for _ in range(4)]
-    assert [s.checks for s in out.scores] == [
-        {"correct": int(r.answer == t.a + t.b), "used_add": int(r.calls != [[]])}
-        for t, r in zip(flat_tasks, records, strict=True)
-    ]
+    rescored = [CALC.scorer()(t, SimpleNamespace(messages=r.messages, calls=r.calls))
+                for t, r in zip([t for t in out.tasks for _ in range(4)], records, strict=True)]  # fmt: skip
+    assert [s.checks for s in out.scores] == [r.checks for r in rescored]
     correct = torch.tensor([s.checks["correct"] for s in out.scores], dtype=torch.float32)
     assert torch.equal(out.rewards, correct.view(3, 4))  # (n, G): Rewards.train by group
     assert torch.allclose(out.advantages, group_advantages(out.rewards, "grpo").flatten())
-    assert 0 < correct.sum() < 12  # the groups carry a signal: the update has something to do
-    assert 0 < sum(s.checks["used_add"] for s in out.scores) < 12  # the tool path ran too
-    assert m["reward/mean"] == float(correct.mean())
-    assert "reward/other_checker_mean" not in m  # rl.reward ("paper") is no toy check
-    assert m["loss/optimizer_steps"] == 1 and trainer.engine.synced == 1
-    assert any(
-        not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True)
-    )
+    assert m["reward/mean"] == float(correct.mean()) and "reward/other_checker_mean" in m
+    assert all(r.trajectory.protocol == "combined" for r in records)
+    assert not any("bfcl" in k or "paper" in k for k in m)
 
 
-def test_one_evaluation_reports_the_toy_checks_by_name(tmp_path):
+def test_one_evaluation_reports_the_calculator_checks_by_name(policy, tmp_path):
     from rcgrpo.evaluation.config import EvalConfig
     from rcgrpo.evaluation.evaluate import evaluate, flat_metrics
+    from rcgrpo.rollout.config import RolloutConfig
+    from rcgrpo.rollout.execution import make_engine
 
-    policy, tasks = tiny_policy(), TOY.tasks("test")
-    cfg = EvalConfig(
-        protocol="bfcl",
-        other_protocol=False,
-        tokens=("high", "low"),
-        seeds=(0,),
-        out_dir=str(tmp_path),
-    )
-    report = evaluate(CalcEngine(policy, TOY), cfg, tasks=tasks, environment=TOY)
+    tasks = CALC.tasks("test")
+    cfg = EvalConfig(protocol="combined", tokens=("high", "low"), out_dir=str(tmp_path))
+    engine = make_engine(RolloutConfig(temperature=0.0, **SMALL), policy, CALC)
+    report = evaluate(engine, cfg, tasks=tasks, environment=CALC)
     rows = [json.loads(x) for x in (tmp_path / "outcomes.jsonl").read_text().splitlines()]
-    assert len(rows) == 12 and all(set(r) >= {"correct", "used_add"} for r in rows)
+    assert len(rows) == 2 * len(tasks) and all(set(r) >= {"correct", "used_tool"} for r in rows)
     flat = flat_metrics(report)
     for token in ("high", "low"):
         mine = [r for r in rows if r["token"] == token]
-        for check in ("correct", "used_add"):
-            assert flat[f"eval/{check}/{token}/pooled"] == sum(r[check] for r in mine) / 6
-            assert flat[f"eval/{check}/{token}/add"] == sum(r[check] for r in mine) / 6
-    assert not any(k.startswith(("eval/paper", "eval/bfcl")) for k in flat)
-    assert set(report["gap"]) == {"correct", "used_add"}
+        for check in ("correct", "used_tool"):
+            assert flat[f"eval/{check}/{token}/pooled"] == sum(r[check] for r in mine) / len(mine)
+            adds = [r[check] for r in mine if r["category"] == "add"]
+            assert flat[f"eval/{check}/{token}/add"] == sum(adds) / len(adds)
+    assert report["other_protocols"] == {}  # one protocol: nothing to report beside it
+    assert report["categories"] == ["add", "mul"] and set(report["gap"]) == {"correct", "used_tool"}
+    assert not any("bfcl" in k or "paper" in k for k in flat)
     assert not (tmp_path / "bfcl_results").exists()  # bfcl-eval's files are BFCL's alone
 
 
 def test_bfcl_scorer_names_its_checks_and_trains_on_rl_reward():
     from rcgrpo.bfcl.checkers import ground_truth_calls
     from rcgrpo.bfcl.tasks import get_task
-    from rcgrpo.rollout.bfcl_environment import BFCL
     from rcgrpo.training.grpo.metrics import other_check
 
     task = get_task("multi_turn_base_0")
     replayed = BFCL.scorer("bfcl")(task, SimpleNamespace(calls=ground_truth_calls(task)))
     assert (replayed.train, dict(replayed.checks)) == (1.0, {"paper": 1, "bfcl": 1})
-    carried = SimpleNamespace(trajectory=SimpleNamespace(paper_reward=1, bfcl_reward=0))
+    record = SimpleNamespace(checks={"paper": 1, "bfcl": 0}, reward_reason={})
+    carried = SimpleNamespace(trajectory=record)
     assert BFCL.scorer("bfcl", "paper")(task, carried).train == 1.0
     assert BFCL.scorer("bfcl", "bfcl")(task, carried).train == 0.0
+    assert BFCL.scorer("bfcl").reward == "paper"  # rl.reward "": BFCL trains on the paper's R
     # reward/other_checker_mean: trained on paper, the bfcl check's mean, (0 + 1 + 1) / 3
     scores = [Rewards(1.0, {"paper": 1, "bfcl": 0}), Rewards(0.0, {"paper": 0, "bfcl": 1})]
     scores.append(Rewards(1.0, {"paper": 1, "bfcl": 1}))
@@ -244,3 +176,56 @@ def test_a_bfcl_outcome_line_keeps_its_layout():
     row = Outcome("multi_turn_base_0", "base", "high", 0, "bfcl", {"paper": 1, "bfcl": 0}).row()
     keys = ["task_id", "category", "token", "seed", "protocol", "paper", "bfcl", "calls", "reasons"]
     assert list(row) == keys and (row["paper"], row["bfcl"]) == (1, 0)
+
+
+def test_bfcl_metric_names_outcomes_and_export_stay(tmp_path):
+    """The names a BFCL evaluation logs and writes, pinned: every eval/ metric of a pass with
+    both goals and the other protocol, the fields of an outcomes.jsonl line with its reasons,
+    and the bfcl-eval result files, as before the environment seam reached the agent loop."""
+    from rcgrpo.bfcl.tasks import get_task
+    from rcgrpo.envs.bfcl.experts import expert
+    from rcgrpo.evaluation.config import EvalConfig
+    from rcgrpo.evaluation.evaluate import evaluate, flat_metrics
+
+    class Replay:  # the expert's messages as the model's, through the real agent loop
+        def rollout(self, tasks, reward_tokens, protocol, seed):
+            from rcgrpo.data.ceiling import replay
+
+            out = [replay(t, renderer, protocol, Limits(256, 8192), True, tok)[0]
+                   for t, tok in zip(tasks, reward_tokens, strict=True)]  # fmt: skip
+            return out
+
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.models.profiles import ModelConfig
+
+    tiny = load_policy(ModelConfig(profile="tiny"))
+    renderer = Renderer(tiny.tokenizer, tiny.stop_id)
+    tasks = [get_task("multi_turn_base_0"), get_task("multi_turn_miss_func_3")]
+    assert all(expert(t, "bfcl").reward == 1 for t in tasks)
+    cfg = EvalConfig(protocol="bfcl", tokens=("high", "low"), out_dir=str(tmp_path))
+    report = evaluate(Replay(), cfg, tasks=tasks, environment=BFCL)
+    names = set(flat_metrics(report))
+    cells = (
+        "pooled",
+        "pooled_low",
+        "pooled_high",
+        "category_mean",
+        "seed_mean",
+        "base",
+        "miss_func",
+    )
+    want = {f"eval/{c}/{t}/{x}" for c in ("paper", "bfcl") for t in ("high", "low") for x in cells}
+    want |= {"eval/paper/gap", "eval/bfcl/gap"}
+    want |= {f"eval/combined_protocol/{c}/high/{x}" for c in ("paper", "bfcl") for x in cells}
+    assert names == want and report["runs"]["high"][0]["paper"]["pooled"]["value"] == 1.0
+    line = json.loads((tmp_path / "outcomes.jsonl").read_text().splitlines()[0])
+    assert list(line) == ["task_id", "category", "token", "seed", "protocol", "paper", "bfcl",
+                          "calls", "reasons"]  # fmt: skip
+    assert set(line["reasons"]) == {"paper", "bfcl", "stop"}
+    assert set(line["reasons"]["paper"]) == {"passed", "failing_turn", "reason"}
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*_result.json"))
+    assert files == sorted(
+        f"bfcl_results/rcgrpo-{t}-s0{p}/multi_turn/BFCL_v4_multi_turn_{c}_result.json"
+        for t, p in (("high", ""), ("high", "-combined"), ("low", ""))
+        for c in ("base", "miss_func")
+    )

@@ -9,6 +9,7 @@ import pytest
 
 from rcgrpo.bfcl.checkers import ground_truth_calls
 from rcgrpo.chat.record import HIGH
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.evaluation.config import EvalConfig
 from rcgrpo.evaluation.evaluate import evaluate, flat_metrics
 from rcgrpo.evaluation.stats import accuracy, paired_bootstrap, summarise, wilson
@@ -75,7 +76,7 @@ def test_evaluate_reports_gap_and_writes_bfcl_result_files(tmp_path):
     engine, logged = OracleEngine(), []
     cfg = EvalConfig(protocol="bfcl", tokens=("high", "low"), seeds=(0, 1), limit=1,
                      out_dir=str(tmp_path))  # fmt: skip
-    report = evaluate(engine, cfg, log_metrics=lambda m, s: logged.append((m, s)))
+    report = evaluate(engine, cfg, log_metrics=lambda m, s: logged.append((m, s)), environment=BFCL)
     # per seed: both tokens in the headline protocol, then the first token in the other one
     assert engine.calls == [(4, "bfcl", 0), (4, "bfcl", 0), (4, "combined", 0),
                             (4, "bfcl", 1), (4, "bfcl", 1), (4, "combined", 1)]  # fmt: skip
@@ -115,7 +116,7 @@ def test_compare_table_and_chart(tmp_path):
     for name, tokens in (("oracle", ("high", "low")), ("empty", ("low",))):
         cfg = EvalConfig(protocol="bfcl", other_protocol=False, tokens=tokens, limit=1,
                          out_dir=str(tmp_path / name))  # fmt: skip
-        evaluate(OracleEngine(), cfg)
+        evaluate(OracleEngine(), cfg, environment=BFCL)
     table = rows({"oracle": load_report(tmp_path / "oracle")}, "bfcl", "high")
     assert table[0]["pooled"]["value"] == 1.0 and table[0]["gap"] == 1.0
     png = tmp_path / "cmp.png"
@@ -137,25 +138,27 @@ def test_headline_protocol_is_the_one_the_model_was_trained_with(tmp_path):
 
     assert EvalConfig().protocol == "trained" and EvalConfig().temperature == 0.0  # greedy
     (tmp_path / POLICY_FILE).write_text(json.dumps({"training": {"protocol": "combined"}}))
-    assert resolve_protocol(EvalConfig(), tmp_path).protocol == "combined"
-    assert resolve_protocol(EvalConfig(), tmp_path / "base").protocol == "bfcl"  # nothing saved
-    assert resolve_protocol(EvalConfig(protocol="bfcl"), tmp_path).protocol == "bfcl"
+    assert resolve_protocol(EvalConfig(), BFCL, tmp_path).protocol == "combined"
+    assert (
+        resolve_protocol(EvalConfig(), BFCL, tmp_path / "base").protocol == "bfcl"
+    )  # nothing saved
+    assert resolve_protocol(EvalConfig(protocol="bfcl"), BFCL, tmp_path).protocol == "bfcl"
     with pytest.raises(ValueError, match="resolve it first"):
-        evaluate(OracleEngine(), EvalConfig(limit=1, out_dir=str(tmp_path)))
+        evaluate(OracleEngine(), EvalConfig(limit=1, out_dir=str(tmp_path)), environment=BFCL)
 
 
 def test_task_file_restricts_the_tasks_and_refuses_the_other_split(tmp_path):
     from rcgrpo.bfcl.tasks import get_task
     from rcgrpo.chat.record import write_jsonl
-    from rcgrpo.data.experts import expert
+    from rcgrpo.envs.bfcl.experts import expert
     from rcgrpo.evaluation.evaluate import eval_tasks
 
     ids = ["multi_turn_base_11", "multi_turn_miss_param_42"]
     path = write_jsonl(tmp_path / "rl.jsonl", [expert(get_task(i), "combined") for i in ids])
     cfg = EvalConfig(split="train", task_file=str(path))
-    assert sorted(t.id for t in eval_tasks(cfg)) == sorted(ids)
+    assert sorted(t.id for t in eval_tasks(cfg, BFCL)) == sorted(ids)
     with pytest.raises(ValueError, match="are not test tasks"):
-        eval_tasks(EvalConfig(split="test", task_file=str(path)))
+        eval_tasks(EvalConfig(split="test", task_file=str(path)), BFCL)
 
 
 def test_run_eval_decodes_greedily_whatever_the_rollout_temperature(tmp_path, monkeypatch):
@@ -167,13 +170,15 @@ def test_run_eval_decodes_greedily_whatever_the_rollout_temperature(tmp_path, mo
 
     folder = save_policy(load_policy(ModelConfig()), tmp_path / "policy", {"protocol": "bfcl"})
     built, real = [], engines.make_engine
-    monkeypatch.setattr(engines, "make_engine", lambda cfg, p: built.append(cfg) or real(cfg, p))
+    monkeypatch.setattr(
+        engines, "make_engine", lambda cfg, p, env: built.append(cfg) or real(cfg, p, env)
+    )
     sampled = RolloutConfig(temperature=1.0, max_new_tokens=8, max_total_tokens=1024, max_steps=1)
     texts = []
     for seed in (0, 1):
         cfg = EvalConfig(other_protocol=False, tokens=("none",), seeds=(seed,), limit=1,
                          out_dir=str(tmp_path / f"s{seed}"))  # fmt: skip
-        report = run_eval(cfg, ModelConfig(), folder, sampled)
+        report = run_eval(cfg, ModelConfig(), folder, BFCL, sampled)
         files = sorted((tmp_path / f"s{seed}" / "bfcl_results").rglob("*.json"))
         texts.append([f.read_text() for f in files])
     assert [(c.temperature, c.protocol) for c in built] == [(0.0, "bfcl")] * 2  # trained: bfcl

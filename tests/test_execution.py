@@ -16,13 +16,14 @@ import pytest
 
 from rcgrpo.bfcl.tasks import tasks_in
 from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
 from rcgrpo.rollout.config import RolloutConfig
 from rcgrpo.rollout.execution import ExecutionConfig, RolloutSpec, session, shard_bounds
 
 ROLL = RolloutConfig(max_new_tokens=16, max_total_tokens=1200, max_steps=2, max_batch=8)
-SPEC = RolloutSpec(ModelConfig(profile="tiny"), None, ROLL)
+SPEC = RolloutSpec(ModelConfig(profile="tiny"), None, ROLL, BFCL)
 CFG = ExecutionConfig(backend="ray", workers=2, shard_size=2, memory_per_worker_gb=0.5)
 
 
@@ -117,8 +118,12 @@ def test_rl_steps_and_eval_report_equal_on_both_backends(cluster, tmp_path):
         cfg = RLConfig(tasks_per_step=2, group_size=2, steps=2, lr=5e-3, save_every=0,
                        micro_batch_size=4, kl_coef=0.0, out_dir=str(out))  # fmt: skip
         with session(cfg_exec) as backend:
-            engine = backend.engine(policy, SPEC, group=2, local_engine=make_engine(ROLL, policy))
-            history = Trainer(policy, engine, tasks_in("train")[:4], cfg).train()
+            engine = backend.engine(
+                policy, SPEC, group=2, local_engine=make_engine(ROLL, policy, BFCL)
+            )
+            history = Trainer(
+                policy, engine, tasks_in("train")[:4], cfg, BFCL.scorer(cfg.protocol)
+            ).train()
         return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in history]
 
     ray_run, local_run = (
@@ -135,7 +140,7 @@ def test_rl_steps_and_eval_report_equal_on_both_backends(cluster, tmp_path):
     for exec_cfg in (ExecutionConfig(shard_size=2), CFG):
         policy = load_policy(SPEC.model)
         with session(exec_cfg) as backend:
-            reports.append(evaluate(backend.engine(policy, SPEC), ecfg))
+            reports.append(evaluate(backend.engine(policy, SPEC), ecfg, environment=BFCL))
     assert reports[0]["runs"] == reports[1]["runs"]
 
 
@@ -148,7 +153,9 @@ def test_dataset_rollout_failures_equal_on_both_backends(cluster):
     for exec_cfg in (ExecutionConfig(shard_size=2), CFG):
         with session(exec_cfg) as backend:
             budget = RolloutConfig(max_new_tokens=128, max_total_tokens=1024)
-            reports.append(rollout_failures(tasks, "combined", 0, SPEC.model, budget, backend))
+            reports.append(
+                rollout_failures(BFCL, tasks, "combined", 0, SPEC.model, budget, backend)
+            )
     assert reports[0].summary() == reports[1].summary()
     assert [r.to_json() for r in reports[0].records] == [r.to_json() for r in reports[1].records]
 

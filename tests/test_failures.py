@@ -14,15 +14,16 @@ from rcgrpo.bfcl.tasks import get_task
 from rcgrpo.chat.record import Provenance, Trajectory, read_jsonl
 from rcgrpo.config import read_params
 from rcgrpo.data.dataset import DatasetConfig, build_folder, rollout_model, select_tasks
-from rcgrpo.data.experts import DONE
 from rcgrpo.data.failures import (
+    DONE,
     REFUSALS,
     api_calls,
     is_usable_failure,
     refusal,
     rollout_failures,
 )
-from rcgrpo.data.perturbations import perturbations
+from rcgrpo.envs.bfcl.environment import BFCL
+from rcgrpo.envs.bfcl.perturbations import perturbations
 from rcgrpo.models.profiles import ModelConfig
 from rcgrpo.rollout.config import RolloutConfig
 
@@ -44,8 +45,8 @@ def record(*assistant: dict, calls=None, reward: int = 0, stop: str = "no_calls"
         protocol="combined",
         messages=messages,
         calls=[[]] if calls is None else calls,
-        paper_reward=reward,
-        bfcl_reward=reward,
+        reward=reward,
+        checks={"paper": reward, "bfcl": reward},
         provenance=Provenance("rollout", model="tiny", seed=0),
         reward_reason={"stop": stop},
     )
@@ -115,12 +116,12 @@ def test_default_rollout_profile_is_the_policy_own_model(tmp_path):
 
 def test_build_uses_only_usable_rollouts_and_counts_the_refused(tmp_path):
     cfg = DatasetConfig(train_tasks=8, test_tasks=4, rollouts="off")
-    task = select_tasks(cfg, "train")[0]
+    task = select_tasks(cfg, "train", BFCL)[0]
     usable = perturbations(task, cfg.protocol, kinds=("wrong_tool", "wrong_argument"))[0]
     usable.provenance = Provenance("rollout", model="tiny", seed=0)
     noise = record(PROSE)
     noise.task_id, noise.category = task.id, task.category
-    manifest = build_folder(cfg, tmp_path / "out", {"train": [usable, noise]})
+    manifest = build_folder(cfg, tmp_path / "out", BFCL, {"train": [usable, noise]})
     assert manifest["rollouts"] == {
         "model": None,
         "tried": 2,
@@ -130,15 +131,14 @@ def test_build_uses_only_usable_rollouts_and_counts_the_refused(tmp_path):
     rows = read_jsonl(tmp_path / "out" / "rctp" / "train.jsonl")
     rollouts = [r for r in rows if r.provenance.generator == "rollout"]
     assert len(rollouts) == 1 and rollouts[0].calls == usable.calls
-    assert all(is_usable_failure(r) for r in rows if r.paper_reward == 0)
+    assert all(is_usable_failure(r) for r in rows if r.reward == 0)
 
 
 @pytest.fixture(scope="module")
 def tiny_report():
     tasks = [get_task(t) for t in ("multi_turn_base_30", "multi_turn_miss_func_76")]
     tasks.append(get_task("multi_turn_long_context_156"))
-    return rollout_failures(tasks, "combined", seed=0, model=ModelConfig(profile="tiny"),
-                            rollout=RolloutConfig(max_new_tokens=128))  # fmt: skip
+    return rollout_failures(BFCL, tasks, "combined", seed=0, model=ModelConfig(profile="tiny"), rollout=RolloutConfig(max_new_tokens=128))  # fmt: skip
 
 
 def test_real_rollouts_of_the_tiny_policy_obey_the_rule(tiny_report):
@@ -168,8 +168,7 @@ def test_a_prompt_over_the_budget_is_an_error_naming_the_budget():
 
     tasks = [get_task("multi_turn_base_30"), get_task("multi_turn_long_context_156")]
     with pytest.raises(RolloutBudgetError) as err:
-        rollout_failures(tasks, "combined", 0, ModelConfig(profile="tiny"),
-                         RolloutConfig(max_total_tokens=720))  # fmt: skip
+        rollout_failures(BFCL, tasks, "combined", 0, ModelConfig(profile="tiny"), RolloutConfig(max_total_tokens=720))  # fmt: skip
     message = str(err.value)
     assert "\n" not in message and "rollout.max_total_tokens = 720" in message
     assert "1 of 2" in message and "multi_turn_long_context_156, 929 tokens" in message

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
 
@@ -28,8 +29,8 @@ def _trainer(policy, rl):
     from rcgrpo.rollout.execution import make_engine
     from rcgrpo.training.grpo.trainer import Trainer
 
-    engine = make_engine(RolloutConfig(max_new_tokens=8, max_total_tokens=1400), policy)
-    return Trainer(policy, engine, tasks_in("train")[:2], rl), engine
+    engine = make_engine(RolloutConfig(max_new_tokens=8, max_total_tokens=1400), policy, BFCL)
+    return Trainer(policy, engine, tasks_in("train")[:2], rl, BFCL.scorer(rl.protocol)), engine
 
 
 def test_the_optimizer_takes_the_rate_of_the_policys_training_mode_and_rl_freezes_the_rows(

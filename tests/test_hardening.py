@@ -87,7 +87,7 @@ def test_env_run_calls_on_a_binary_file_or_a_directory(tmp_path):
 def test_a_corrupt_jsonl_row_is_one_line_with_its_line_number(tmp_path):
     from rcgrpo.bfcl.tasks import tasks_in
     from rcgrpo.chat.record import write_jsonl
-    from rcgrpo.data.experts import expert
+    from rcgrpo.envs.bfcl.experts import expert
 
     data = tmp_path / "rctp.jsonl"
     write_jsonl(data, [expert(t, "combined") for t in tasks_in("train")[:2]])
@@ -159,7 +159,7 @@ def test_resume_on_a_truncated_checkpoint_through_the_cli(tmp_path):
     """Was a traceback (RuntimeError from torch's zip reader, or ValueError for step_final)."""
     from rcgrpo.bfcl.tasks import tasks_in
     from rcgrpo.chat.record import write_jsonl
-    from rcgrpo.data.experts import expert
+    from rcgrpo.envs.bfcl.experts import expert
 
     data = tmp_path / "rctp.jsonl"
     write_jsonl(data, [expert(t, "combined") for t in tasks_in("train")[:2]])

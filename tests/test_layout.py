@@ -4,8 +4,12 @@ and no file of src/ or flows/ is longer than 300 lines.
 The layers, bottom to top (README, "Layout"); a module may import from its own layer and the ones
 below, never from above (a lower layer that needs something from above takes it as an argument):
 
-    runtime, config, servers -> bfcl -> chat -> models -> rollout -> data -> training
+    runtime, config, servers -> bfcl -> chat -> models -> rollout -> envs -> data -> training
     -> evaluation -> tracking -> flows -> cli
+
+The environment is a plug-in (docs/environments.md): rollout/ knows an environment only through
+rollout/environment.py's protocols, and neither rollout/ nor training/ imports any environment's
+package (rcgrpo.bfcl, rcgrpo.envs): the run picks one and hands it down.
 
 Every import counts, also one inside a function (a lazy import is still a dependency). The graph
 is read with `ast` from the source files, so nothing is imported to check it.
@@ -39,6 +43,7 @@ LAYERS = [
     ("rcgrpo.chat",),
     ("rcgrpo.models",),
     ("rcgrpo.rollout",),
+    ("rcgrpo.envs",),
     ("rcgrpo.data",),
     ("rcgrpo.training",),
     ("rcgrpo.evaluation",),
@@ -299,10 +304,33 @@ def test_no_name_is_imported_through_a_module_that_only_imports_it():
     assert not found, "import these from their defining module:\n" + "\n".join(found)
 
 
+ENVIRONMENT_PACKAGES = ("rcgrpo.bfcl", "rcgrpo.envs")  # what implements an environment
+BLIND_TO_ENVIRONMENTS = ("rcgrpo.rollout", "rcgrpo.training")  # what takes one from the run
+
+
+def environment_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of an environment's package from rollout/ or training/."""
+    inside = lambda m, ps: any(m == p or m.startswith(p + ".") for p in ps)  # noqa: E731
+    return [
+        f"{a} imports {b}"
+        for a, edges in graph.items()
+        if inside(a, BLIND_TO_ENVIRONMENTS)
+        for b in sorted(edges)
+        if inside(b, ENVIRONMENT_PACKAGES)
+    ]
+
+
+def test_rollout_and_training_take_the_environment_from_the_run():
+    found = environment_imports(import_graph())
+    assert not found, "take the environment as an argument instead:\n" + "\n".join(found)
+
+
 def test_the_checker_sees_a_circle_and_an_upward_import():
     """The checks above would pass on an empty graph: show they catch what they are for."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     graph = import_graph()
-    assert "rcgrpo.bfcl.checkers" in graph["rcgrpo.rollout.agent_loop"]  # edges are read
+    assert "rcgrpo.rollout.environment" in graph["rcgrpo.rollout.agent_loop"]  # edges are read
+    leak = {"rcgrpo.rollout.engine": {"rcgrpo.bfcl.tasks"}, "rcgrpo.data.x": {"rcgrpo.bfcl"}}
+    assert environment_imports(leak) == ["rcgrpo.rollout.engine imports rcgrpo.bfcl.tasks"]
     assert layer_of("rcgrpo.bfcl.checkers") < layer_of("rcgrpo.training.grpo.trainer")
     assert layer_of("rcgrpo.runtime") == 0 and layer_of("rcgrpo.cli.pipeline") == len(LAYERS) - 1

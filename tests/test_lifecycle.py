@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.rollout import vllm_lifecycle
 from rcgrpo.rollout.vllm_lifecycle import IPC_PREFIX, ipc_dir
 
@@ -241,9 +242,9 @@ def test_three_evaluations_one_server_at_a_time_one_export_nothing_left(
                 )
                 if i == 0:
                     with pytest.warns(UserWarning, match=rf"earlier rcgrpo run.*{leftover}"):
-                        run_eval(cfg, model, folder, roll)
+                        run_eval(cfg, model, folder, BFCL, roll)
                 else:
-                    run_eval(cfg, model, folder, roll)
+                    run_eval(cfg, model, folder, BFCL, roll)
                 assert my_servers() == []  # closed before the next evaluation starts
             copies = [d for d in run_dir.iterdir() if (d / DONE).exists()]
             assert (len(exports), len(copies)) == (1, 1)

@@ -12,6 +12,7 @@ import torch
 
 from rcgrpo.chat.prompts import PROJECT_TEMPLATE
 from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.models.loading import load_policy, save_policy
 from rcgrpo.models.profiles import PROFILES, ModelConfig
 from rcgrpo.rollout.config import RolloutConfig
@@ -88,10 +89,10 @@ def test_saved_policy_reloads_and_generates_the_same_ids(tmp_path, lora):
     from rcgrpo.bfcl.tasks import get_task
 
     tasks = [get_task("multi_turn_base_5"), get_task("multi_turn_long_context_9")]
-    a = make_engine(rc, policy).rollout(tasks, [HIGH, LOW], seed=1)
-    b = make_engine(rc, reloaded).rollout(tasks, [HIGH, LOW], seed=1)
+    a = make_engine(rc, policy, BFCL).rollout(tasks, [HIGH, LOW], seed=1)
+    b = make_engine(rc, reloaded, BFCL).rollout(tasks, [HIGH, LOW], seed=1)
     assert [r.ids for r in a] == [r.ids for r in b]
-    fresh = make_engine(rc, load_policy(cfg)).rollout(tasks, [HIGH, LOW], seed=1)
+    fresh = make_engine(rc, load_policy(cfg), BFCL).rollout(tasks, [HIGH, LOW], seed=1)
     assert [r.ids for r in fresh] != [r.ids for r in a]  # the saved weights mattered
 
 

@@ -23,8 +23,9 @@ from safetensors.torch import load_file
 
 from rcgrpo.bfcl.tasks import tasks_in
 from rcgrpo.chat.record import write_jsonl
-from rcgrpo.data.experts import expert
-from rcgrpo.data.perturbations import perturbations
+from rcgrpo.envs.bfcl.environment import BFCL
+from rcgrpo.envs.bfcl.experts import expert
+from rcgrpo.envs.bfcl.perturbations import perturbations
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
 from rcgrpo.training.sft import run_sft
@@ -47,7 +48,7 @@ def test_two_nodes_of_one_rank_equal_one_process(tmp_path, mlflow_store):
     write_jsonl(data, records)
     model = {"profile": "tiny", "device": "cpu"}
     one = run_sft(
-        SFTConfig(**SFT, data=str(data), out_dir=str(tmp_path / "one")), ModelConfig(**model)
+        SFTConfig(**SFT, data=str(data), out_dir=str(tmp_path / "one")), ModelConfig(**model), BFCL
     )
 
     endpoint = f"127.0.0.1:{free_port()}"

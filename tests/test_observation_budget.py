@@ -16,6 +16,7 @@ import resource
 import time
 
 import pytest
+from bfcl_loops import bfcl_loop
 from test_reward_hacking import Scripted
 
 from rcgrpo.bfcl import observations
@@ -26,7 +27,6 @@ from rcgrpo.chat.prompts import Renderer
 from rcgrpo.chat.record import HIGH
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
-from rcgrpo.rollout.agent_loop import AgentLoop
 from rcgrpo.rollout.config import RolloutConfig
 
 LEVELS = 18
@@ -93,7 +93,7 @@ def test_what_the_budget_cannot_hold_is_never_tokenized(policy, monkeypatch):
     monkeypatch.setattr(
         Renderer, "continuation", lambda self, h, p, *a: seen.append(p) or real(self, h, p, *a)
     )
-    loop = AgentLoop(get_task("multi_turn_base_1"), renderer, protocol="bfcl")
+    loop = bfcl_loop(get_task("multi_turn_base_1"), renderer, protocol="bfcl")
     loop.limits = type(loop.limits)(160, 8000, 30)
     for text in doubling(10):  # 2,046 paths: find answers ~70k characters, cut to the cap
         ids = renderer.encode(text) + [renderer.stop_id]
@@ -113,8 +113,8 @@ def test_a_long_decimal_from_square_root_is_cut_in_the_sandbox_worker():
     """MathAPI's square_root answers a Decimal of `precision` digits: 200,000 digits come back
     from the sandboxed worker as one capped observation, the marker naming what was left out."""
     from rcgrpo.bfcl.environment import Episode
-    from rcgrpo.bfcl.limits import EnvConfig
     from rcgrpo.bfcl.sandbox import Sandbox
+    from rcgrpo.envs.config import EnvConfig
 
     sandbox = Sandbox(EnvConfig())
     try:

@@ -118,7 +118,7 @@ def test_trl_rendering_of_the_rows_is_rcgrpo_first_prompt():
 
 def test_json_form_keeps_the_calls():
     from rcgrpo.bfcl.executor import parse_calls
-    from rcgrpo.data.experts import expert
+    from rcgrpo.envs.bfcl.experts import expert
 
     record = expert(get_task(TASKS[0]), "combined", "train")
     converted = bench.json_form(record)

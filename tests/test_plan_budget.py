@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rcgrpo.cli.plan import resolve
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.training.plan import constants as C
 from rcgrpo.training.plan.report import budget_problem, make_plan
 
@@ -126,7 +127,7 @@ def test_first_prompt_figures_are_measured(profile, protocols):
 
     tasks = tasks_in("train") + tasks_in("test")
     assert len(tasks) == 800
-    with HFEngine(RolloutConfig(), load_policy(ModelConfig(profile=profile))) as engine:
+    with HFEngine(RolloutConfig(), load_policy(ModelConfig(profile=profile)), BFCL) as engine:
         for protocol in protocols:
             key = (PROFILES[profile].compact_docs, protocol)
             assert max(engine.prompt_lengths(tasks, HIGH, protocol)) == C.FIRST_PROMPT_MAX[key]

@@ -10,15 +10,17 @@ import warnings
 
 import pytest
 import torch
+from bfcl_loops import bfcl_loop, finished
 
 from rcgrpo.bfcl.executor import parse_calls
 from rcgrpo.bfcl.tasks import load_tasks
 from rcgrpo.chat.prompts import Renderer
 from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.data.ceiling import ceiling
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.models.loading import load_policy, save_policy
 from rcgrpo.models.profiles import PROFILES, ModelConfig
-from rcgrpo.rollout.agent_loop import AgentLoop, Limits
+from rcgrpo.rollout.agent_loop import Limits
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +114,11 @@ def test_rollout_ids_are_the_template_rendering(qwen):
     """Token-exact layout under the qwen-shape template: decode(ids) == rendering."""
     task = load_tasks()["multi_turn_base_3"]
     renderer = Renderer(qwen.tokenizer, qwen.stop_id)
-    loop = AgentLoop(task, renderer, "combined", HIGH, Limits(512, 81920), compact_docs=False)
+    loop = bfcl_loop(task, renderer, "combined", HIGH, Limits(512, 81920), compact_docs=False)
     for text in ["[ls(a=True)]", "[done()]"]:
         ids = [*renderer.encode(text), renderer.stop_id]
         loop.feed(ids, [0.0] * len(ids))
-    rollout = loop.result()
+    rollout = finished(loop)
     assert rollout.stop_reason == "done" and rollout.messages[3]["role"] == "tool"
     history = [{k: m[k] for k in ("role", "content")} for m in rollout.messages]
     assert renderer.decode(rollout.ids) == renderer.text(history, loop.tools, False)
@@ -166,12 +168,10 @@ def test_episodes_with_no_room_warn_and_a_batch_of_them_fails(qwen):
     tasks = load_tasks()
     short, long_ = tasks["multi_turn_base_0"], tasks["multi_turn_long_context_3"]
     renderer = Renderer(qwen.tokenizer, qwen.stop_id)
-    sizes = [AgentLoop(t, renderer, "combined", None, Limits(8, 10**6), False).prompt_len
+    sizes = [bfcl_loop(t, renderer, "combined", None, Limits(8, 10**6), False).prompt_len
              for t in (short, long_)]  # fmt: skip
-    engine = make_engine(
-        RolloutConfig(temperature=0.0, max_new_tokens=4, max_steps=1,
-                      max_total_tokens=(min(sizes) + max(sizes)) // 2), qwen,
-    )  # fmt: skip
+    engine = make_engine(RolloutConfig(temperature=0.0, max_new_tokens=4, max_steps=1,
+                      max_total_tokens=(min(sizes) + max(sizes)) // 2), qwen, BFCL,)  # fmt: skip
     if sizes[0] > sizes[1]:
         short, long_ = long_, short
     with pytest.warns(UserWarning, match="1 of 2 episodes sampled no token"):

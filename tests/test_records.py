@@ -26,8 +26,8 @@ def record(**changes):
             {"role": "tool", "content": '{"current_working_directory": "document"}'},
         ],
         calls=[[["cd(folder='document')"]]],
-        paper_reward=1,
-        bfcl_reward=1,
+        reward=1,
+        checks={"paper": 1, "bfcl": 1},
         provenance=Provenance("expert", "", 0, "2026-12-02T00:00:00Z"),
         reward_token=HIGH,
     )
@@ -36,7 +36,7 @@ def record(**changes):
 
 
 def test_round_trip(tmp_path):
-    rows = [record(), record(task_id="multi_turn_base_1", paper_reward=0, reward_token=None)]
+    rows = [record(), record(task_id="multi_turn_base_1", reward=0, reward_token=None)]
     path = write_jsonl(tmp_path / "t.jsonl", rows)
     assert read_jsonl(path) == rows
 
@@ -50,10 +50,11 @@ def _write_lines(path, lines):
     "mutate, field",
     [
         (lambda r: r.pop("split"), "split"),
-        (lambda r: r.update(paper_reward=0.5), "paper_reward"),
+        (lambda r: r.update(reward=0.5), "reward"),
         (lambda r: r.update(reward_token="<|medium|>"), "reward_token"),
         (lambda r: r.update(calls=[["cd()"]]), "calls"),
-        (lambda r: r.update(protocol="chat"), "protocol"),
+        (lambda r: r.update(protocol=""), "protocol"),
+        (lambda r: r.update(checks={"paper": "yes"}), "checks"),
         (lambda r: r.update(provenance={"model": "x"}), "provenance"),
         (lambda r: r.update(extra=1), "extra"),
     ],
@@ -87,3 +88,14 @@ def test_failed_write_keeps_the_previous_file(tmp_path):
         write_jsonl(path, [record(), Boom(**vars(record()))])
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["t.jsonl"]  # no temp file left behind
+
+
+def test_a_row_written_before_named_checks_reads_as_today(tmp_path):
+    """Dataset versions DVC kept from before records carried named checks (BFCL's paper_reward
+    and bfcl_reward fields) still read, as the same record: a rollback loses nothing."""
+    today = json.loads(record(reward=0, checks={"paper": 0, "bfcl": 1}).to_json())
+    old = {k: v for k, v in today.items() if k not in ("reward", "checks")}
+    old.update(paper_reward=0, bfcl_reward=1)
+    path = _write_lines(tmp_path / "old.jsonl", [json.dumps(old)])
+    (back,) = read_jsonl(path)
+    assert back == record(reward=0, checks={"paper": 0, "bfcl": 1})

@@ -15,19 +15,19 @@ import os
 import signal
 
 import pytest
+from bfcl_loops import bfcl_loop, finished
 
 from rcgrpo.bfcl.checkers import score
 from rcgrpo.bfcl.environment import Episode
 from rcgrpo.bfcl.executor import parse_calls
-from rcgrpo.bfcl.limits import EnvConfig
 from rcgrpo.bfcl.live_replay import hostile_family, hostile_texts, live_vs_replay
 from rcgrpo.bfcl.sandbox import Sandbox
 from rcgrpo.bfcl.tasks import get_task, load_tasks
 from rcgrpo.chat.prompts import Renderer
 from rcgrpo.chat.record import HIGH
+from rcgrpo.envs.config import EnvConfig
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
-from rcgrpo.rollout.agent_loop import AgentLoop
 from rcgrpo.rollout.config import RolloutConfig
 from rcgrpo.rollout.engine import Engine, Sample
 
@@ -44,7 +44,7 @@ def renderer(policy):
 
 def play(renderer, task, messages: list[list[str]]):
     """Feed one list of model messages per turn (bfcl protocol), each turn closed by prose."""
-    loop = AgentLoop(task, renderer, protocol="bfcl")
+    loop = bfcl_loop(task, renderer, protocol="bfcl")
     for turn in messages:
         for text in [*turn, "Done."]:
             if loop.pending() is None:
@@ -54,7 +54,7 @@ def play(renderer, task, messages: list[list[str]]):
     while loop.pending() is not None:  # later turns: prose
         ids = renderer.encode("Done.") + [renderer.stop_id]
         loop.feed(ids, [-1.0] * len(ids))
-    return loop.result()
+    return finished(loop)
 
 
 def test_calls_whose_keys_spell_the_real_call_never_run_and_score_zero(renderer):
@@ -65,7 +65,7 @@ def test_calls_whose_keys_spell_the_real_call_never_run_and_score_zero(renderer)
     messages = [[hostile_texts(call)[0] for call in turn] for turn in task.ground_truth]
     assert "source='final_report.pdf', destination='temp') #" in " ".join(sum(messages, []))
     rollout = play(renderer, task, messages)
-    assert rollout.trajectory.paper_reward == 0 and rollout.trajectory.bfcl_reward == 0
+    assert rollout.trajectory.reward == 0 and rollout.trajectory.checks["bfcl"] == 0
     assert rollout.calls == [[] for _ in task.ground_truth]  # nothing ran, nothing is scored
     assert all("tool_calls" not in m for m in rollout.messages)
 
@@ -203,7 +203,7 @@ def test_an_episode_whose_code_raises_fails_alone_and_is_counted(policy, monkeyp
     rollouts = engine.rollout(tasks, HIGH, seed=0)
     assert [r.stop_reason for r in rollouts] == ["done", "error", "done"]
     failed = rollouts[1].trajectory
-    assert failed.paper_reward == failed.bfcl_reward == 0
+    assert failed.reward == failed.checks["bfcl"] == 0
     assert (
         failed.reward_reason["paper"]["reason"] == "episode failed: RuntimeError: tool state lost"
     )
@@ -216,7 +216,7 @@ def test_a_trusted_replay_that_overruns_fails_the_episode_not_the_caller(rendere
     trusted, and under load it overruns: the episode ends as a failure with that reason."""
     sandbox = Sandbox(EnvConfig(tool_timeout_s=5.0))
     try:
-        loop = AgentLoop(get_task("multi_turn_base_15"), renderer, sandbox=sandbox)
+        loop = bfcl_loop(get_task("multi_turn_base_15"), renderer, sandbox=sandbox)
         say = renderer.encode("power(base=3, exponent=3000000)") + [renderer.stop_id]
         loop.feed(say, [0.0] * len(say))
         assert loop.pending() is not None
@@ -225,7 +225,7 @@ def test_a_trusted_replay_that_overruns_fails_the_episode_not_the_caller(rendere
         say = renderer.encode("absolute_value(number=-2)") + [renderer.stop_id]
         loop.feed(say, [0.0] * len(say))
         assert loop.stop_reason == "error" and "trusted call timed out" in loop.error
-        rollout = loop.result()
+        rollout = finished(loop)
         assert (
             rollout.reward == 0 and "trusted" in rollout.trajectory.reward_reason["paper"]["reason"]
         )

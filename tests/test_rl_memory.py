@@ -14,6 +14,7 @@ import torch
 from test_trainer import TASKS, ToyEngine
 from toy_models import tiny_llama
 
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.models.loading import load_policy, save_policy
 from rcgrpo.models.profiles import PROFILES, ModelConfig
 from rcgrpo.training.forward import scatter
@@ -40,7 +41,9 @@ def test_masked_rl_path_gives_the_full_path_logprobs_loss_and_gradients(
         monkeypatch.setattr(head, "CHUNK", chunk)
     torch.manual_seed(0)
     model = tiny_llama(16, seed=3)
-    trainer = Trainer(SimpleNamespace(model=model), None, [], RLConfig(), temperature=0.7)
+    trainer = Trainer(
+        SimpleNamespace(model=model), None, [], RLConfig(), BFCL.scorer(), temperature=0.7
+    )
     ids = torch.randint(0, 16, (3, 12))
     attn = torch.ones_like(ids)
     attn[2, 9:] = 0  # a padded row
@@ -87,7 +90,9 @@ def test_lora_reference_is_the_starting_adapter_not_the_base_nor_a_copy(tmp_path
     cfg = RLConfig(
         out_dir=str(tmp_path), tasks_per_step=2, group_size=2, steps=1, lr=1e-2, advantage="sign"
     )  # sign: every rollout moves the policy, even with all rewards 0
-    trainer = Trainer(policy, ToyEngine(policy), TASKS, cfg, temperature=1.0)
+    trainer = Trainer(
+        policy, ToyEngine(policy), TASKS, cfg, BFCL.scorer(cfg.protocol), temperature=1.0
+    )
     assert trainer.ref_model is None and trainer.ref_adapter == "reference"
     # a second adapter, not a second model: the parameter count grows by one adapter
     assert sum(p.numel() for p in model.parameters()) == n_params + adapter_size

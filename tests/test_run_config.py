@@ -113,7 +113,7 @@ def test_a_stage_runs_and_logs_to_mlflow_without_reading_params_yaml(
 
     from rcgrpo.bfcl.tasks import tasks_in
     from rcgrpo.chat.record import write_jsonl
-    from rcgrpo.data.experts import expert
+    from rcgrpo.envs.bfcl.experts import expert
     from rcgrpo.tracking.stage import run_stage
 
     tasks = [t for t in tasks_in("train") if t.category == "base"][:2]

@@ -20,9 +20,9 @@ import pytest
 from rcgrpo.bfcl.checkers import ground_truth_calls, score, score_many
 from rcgrpo.bfcl.conformance import cases
 from rcgrpo.bfcl.environment import STEP_ENDED, Episode
-from rcgrpo.bfcl.limits import EnvConfig
 from rcgrpo.bfcl.sandbox import Sandbox, SandboxError, configured
 from rcgrpo.bfcl.tasks import get_task
+from rcgrpo.envs.config import EnvConfig
 
 LIMIT = 1.0
 SLACK = 3.0  # kill + restart of a worker + replay on a loaded 2-core box

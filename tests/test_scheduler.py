@@ -16,6 +16,7 @@ import pytest
 
 from rcgrpo.bfcl.tasks import get_task, tasks_in
 from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
 from rcgrpo.rollout.config import RolloutConfig
@@ -39,7 +40,7 @@ def tasks():
 
 
 def run(policy, tasks, **kw):
-    engine = make_engine(replace(CFG, **kw), policy)
+    engine = make_engine(replace(CFG, **kw), policy, BFCL)
     return engine, engine.rollout(tasks, [HIGH, LOW] * 3, seed=7)
 
 
@@ -152,7 +153,7 @@ def test_local_backend_runs_the_whole_call_at_once(policy, tasks):
     from rcgrpo.rollout.execution import ExecutionConfig, RolloutSpec, session
 
     with session(ExecutionConfig(shard_size=2)) as backend:
-        engine = backend.engine(policy, RolloutSpec(policy.config, None, CFG), group=2)
+        engine = backend.engine(policy, RolloutSpec(policy.config, None, CFG, BFCL), group=2)
         out = engine.rollout(tasks, [HIGH, LOW] * 3, seed=7)
     assert engine.local.in_flight_max == len(tasks)
     assert engine.last_stats == engine.local.last_stats and engine.last_stats
@@ -169,7 +170,13 @@ def test_an_rl_step_logs_the_engine_metrics(policy, tmp_path):
     trained = copy.deepcopy(policy)
     cfg = RLConfig(tasks_per_step=2, group_size=2, steps=1, lr=1e-3, save_every=0,
                    micro_batch_size=4, kl_coef=0.0, out_dir=str(tmp_path))  # fmt: skip
-    (metrics,) = Trainer(trained, make_engine(CFG, trained), tasks_in("train")[:4], cfg).train()
+    (metrics,) = Trainer(
+        trained,
+        make_engine(CFG, trained, BFCL),
+        tasks_in("train")[:4],
+        cfg,
+        BFCL.scorer(cfg.protocol),
+    ).train()
     assert metrics["rollout/prompt_tokens"] >= metrics["rollout/prefill_tokens"] > 0
     assert 0 <= metrics["rollout/prefix_cache_hit_rate"] < 1
     assert 0 < metrics["perf/engine_busy_frac"] <= 1 and metrics["perf/in_flight_max"] == 4

@@ -135,7 +135,7 @@ def _dict_content(line: bytes) -> bytes:
 def test_bad_jsonl_rows_fail_in_one_line_naming_the_row(tmp_path, spoil, says):
     from rcgrpo.bfcl.tasks import tasks_in
     from rcgrpo.chat.record import RecordError, read_jsonl, write_jsonl
-    from rcgrpo.data.experts import expert
+    from rcgrpo.envs.bfcl.experts import expert
 
     path = write_jsonl(
         tmp_path / "rctp.jsonl", [expert(t, "combined") for t in tasks_in("train")[:2]]
@@ -153,7 +153,7 @@ def test_unknown_task_id_fails_in_one_line_before_the_model_loads(tmp_path):
 
     from rcgrpo.bfcl.tasks import tasks_in
     from rcgrpo.chat.record import write_jsonl
-    from rcgrpo.data.experts import expert
+    from rcgrpo.envs.bfcl.experts import expert
 
     path = write_jsonl(
         tmp_path / "rctp.jsonl", [expert(t, "combined") for t in tasks_in("train")[:2]]

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.rollout.config import RolloutConfig, for_inference
 
 PAPER_ROLL = RolloutConfig(engine="vllm", vllm_gpu_memory_utilization=0.7, vllm_sleep_mode=True)
@@ -62,7 +63,9 @@ def test_an_evaluation_runs_on_its_own_two_servers(tmp_path, monkeypatch):
     folder = save_policy(load_policy(model), tmp_path / "policy", {"protocol": "bfcl"})
     seen, real = [], execution.make_engine
     monkeypatch.setattr(
-        execution, "make_engine", lambda cfg, p, **k: seen.append(real(cfg, p, **k)) or seen[-1]
+        execution,
+        "make_engine",
+        lambda cfg, p, env, **k: seen.append(real(cfg, p, env, **k)) or seen[-1],
     )
     roll = RolloutConfig(
         engine="vllm",
@@ -81,7 +84,7 @@ def test_an_evaluation_runs_on_its_own_two_servers(tmp_path, monkeypatch):
         vllm_servers=2,
         out_dir=str(tmp_path / "eval"),
     )
-    report = run_eval(cfg, model, folder, roll)
+    report = run_eval(cfg, model, folder, BFCL, roll)
     (engine,) = seen
     assert len(engine.server_stats) == 2 and engine.cfg.vllm_sleep_mode is False
     assert engine.servers == []  # both stopped when the evaluation ended

@@ -14,15 +14,15 @@ from __future__ import annotations
 import time
 
 import pytest
+from bfcl_loops import bfcl_loop
 
-from rcgrpo.bfcl.limits import EnvConfig
 from rcgrpo.bfcl.progress import OUT_OF_TIME
 from rcgrpo.bfcl.sandbox import Sandbox
 from rcgrpo.bfcl.tasks import get_task
 from rcgrpo.chat.prompts import Renderer
+from rcgrpo.envs.config import EnvConfig
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
-from rcgrpo.rollout.agent_loop import AgentLoop
 
 POWER = "power(base=3, exponent=12000000)"
 STOPPED = "Error during execution: timed out: time budget"
@@ -46,7 +46,7 @@ def tools(loop) -> list[str]:
 def test_a_message_of_20_slow_calls_ends_within_its_budget(renderer):
     sandbox = Sandbox(EnvConfig(tool_timeout_s=10.0, message_timeout_s=1.0))
     try:
-        loop = AgentLoop(get_task("multi_turn_base_15"), renderer, sandbox=sandbox)
+        loop = bfcl_loop(get_task("multi_turn_base_15"), renderer, sandbox=sandbox)
         start = time.monotonic()
         say(loop, renderer, "[" + ", ".join([POWER] * 20) + "]")
         took = time.monotonic() - start
@@ -62,7 +62,7 @@ def test_a_message_of_20_slow_calls_ends_within_its_budget(renderer):
 def test_an_episode_whose_tool_time_is_spent_runs_nothing_more(renderer):
     sandbox = Sandbox(EnvConfig(tool_timeout_s=10.0, episode_timeout_s=1.0))
     try:
-        loop = AgentLoop(get_task("multi_turn_base_15"), renderer, sandbox=sandbox)
+        loop = bfcl_loop(get_task("multi_turn_base_15"), renderer, sandbox=sandbox)
         say(loop, renderer, POWER)  # stopped when the episode's 1 s is spent
         say(loop, renderer, "absolute_value(number=-2)")  # a fast call, but no time is left
         assert tools(loop) == [STOPPED, OUT_OF_TIME]

@@ -15,11 +15,13 @@ import json
 import time
 
 import pytest
+from bfcl_loops import bfcl_loop
 
 from rcgrpo.bfcl.tasks import get_task
 from rcgrpo.chat.prompts import Renderer, format_calls
 from rcgrpo.chat.record import HIGH, LOW
-from rcgrpo.rollout.agent_loop import AgentLoop, Limits, results
+from rcgrpo.envs.bfcl.environment import BFCL
+from rcgrpo.rollout.agent_loop import Limits, results
 from rcgrpo.tracking.episodes import episode_tree, is_error, sampled_runs
 from rcgrpo.tracking.report import example_traces, traces_markdown
 from rcgrpo.tracking.traces import TracesConfig, traced_rollouts, traced_step
@@ -37,9 +39,9 @@ def renderer():
     return Renderer(policy.tokenizer, policy.stop_id)
 
 
-def play(renderer, messages: list[str], token=HIGH, protocol="combined") -> AgentLoop:
+def play(renderer, messages: list[str], token=HIGH, protocol="combined"):
     """An episode of TASK whose model says `messages` (each ended by the stop token)."""
-    loop = AgentLoop(get_task(TASK), renderer, protocol, token, Limits(64, 4096, 6), True)
+    loop = bfcl_loop(get_task(TASK), renderer, protocol, token, Limits(64, 4096, 6), True)
     for text in messages:
         if loop.pending() is None:
             break
@@ -154,8 +156,7 @@ def test_evaluation_episodes_are_traces_found_by_task_reward_and_goal(renderer, 
         tracer = EpisodeTracer(run_id, TracesConfig(), {"variant": "rctp+rc-grpo"})
         cfg = EvalConfig(split="train", protocol="combined", other_protocol=False,
                          tokens=("high", "low"), out_dir=str(mlflow_store / "eval"))  # fmt: skip
-        evaluate(Scripted(), cfg, tasks=[get_task(TASK)],
-                 on_rollouts=eval_hook(tracer, "eval_rl_tasks_after"))  # fmt: skip
+        evaluate(Scripted(), cfg, tasks=[get_task(TASK)], on_rollouts=eval_hook(tracer, "eval_rl_tasks_after"), environment=BFCL)  # fmt: skip
     assert [t["outcome"] for t in tracer.written] == ["success", "failure"]
     assert tracer.metrics()["traces/episodes"] == 2 and tracer.failed == 0
 
@@ -269,7 +270,7 @@ def test_timed_spans_are_measured_per_message_and_call(renderer, mlflow_store):
 
     pauses = [0.02, 0.06, 0.01, 0.04, 0.03]  # seconds before each of the 5 messages
     started = time.time_ns()
-    loop = AgentLoop(get_task(TASK), renderer, "combined", HIGH, Limits(64, 4096, 6), True)
+    loop = bfcl_loop(get_task(TASK), renderer, "combined", HIGH, Limits(64, 4096, 6), True)
     for text, pause in zip(expert_messages(), pauses, strict=True):
         time.sleep(pause)
         ids = [*renderer.encode(text), renderer.stop_id]

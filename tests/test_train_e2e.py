@@ -13,8 +13,9 @@ pytestmark = pytest.mark.slow
 def test_rctp_then_rcgrpo_with_exact_resume(tmp_path):
     from rcgrpo.bfcl.tasks import tasks_in
     from rcgrpo.chat.record import write_jsonl
-    from rcgrpo.data.experts import expert
-    from rcgrpo.data.perturbations import perturbations
+    from rcgrpo.envs.bfcl.environment import BFCL
+    from rcgrpo.envs.bfcl.experts import expert
+    from rcgrpo.envs.bfcl.perturbations import perturbations
     from rcgrpo.models.loading import load_policy
     from rcgrpo.models.profiles import ModelConfig
     from rcgrpo.rollout.config import RolloutConfig
@@ -29,7 +30,7 @@ def test_rctp_then_rcgrpo_with_exact_resume(tmp_path):
     write_jsonl(tmp_path / "rctp.jsonl", records)
     sft_cfg = SFTConfig(data=str(tmp_path / "rctp.jsonl"), out_dir=str(tmp_path / "rctp"),
                         batch_size=3, micro_batch_size=3, epochs=1, lr=1e-3)  # fmt: skip
-    final = run_sft(sft_cfg, ModelConfig())
+    final = run_sft(sft_cfg, ModelConfig(), BFCL)
     assert (final / "rcgrpo_policy.json").exists()
     assert json.loads((tmp_path / "rctp" / "metrics.json").read_text())["sft/loss"] > 0
 
@@ -38,9 +39,13 @@ def test_rctp_then_rcgrpo_with_exact_resume(tmp_path):
                    token_sampling="stratified", micro_batch_size=2)  # fmt: skip
 
     def trainer(out):
+        from rcgrpo.envs.bfcl.environment import BFCL
+
         policy = load_policy(ModelConfig(), adapter_path=final)
         run = RLConfig(**{**cfg.__dict__, "out_dir": str(out)})
-        return Trainer(policy, make_engine(rollout_cfg, policy), tasks, run)
+        return Trainer(
+            policy, make_engine(rollout_cfg, policy, BFCL), tasks, run, BFCL.scorer(run.protocol)
+        )
 
     def same(m):
         return {k: v for k, v in m.items() if not k.startswith("perf/")}

@@ -10,6 +10,7 @@ import torch
 from toy_models import tiny_llama
 
 from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.core_algos import token_logprobs
 from rcgrpo.training.grpo.trainer import Trainer
@@ -53,7 +54,9 @@ class ToyEngine:
                     loss_mask=[0] * len(prompt) + [1] * 5,
                     logprobs=logps,
                     calls=[],
-                    trajectory=SimpleNamespace(paper_reward=r, bfcl_reward=r),
+                    trajectory=SimpleNamespace(
+                        reward=r, checks={"paper": r, "bfcl": r}, reward_reason={}
+                    ),
                     reward_token=tok,
                     stop_reason="done",
                 )
@@ -68,7 +71,7 @@ def make(tmp_path, **over):
     policy = tiny_policy()
     base = dict(tasks_per_step=3, group_size=4, lr=5e-3, save_every=2, micro_batch_size=5)
     cfg = RLConfig(out_dir=str(tmp_path), **{**base, **over})  # batch: 3 tasks x 4 = 12
-    return Trainer(policy, ToyEngine(policy), TASKS, cfg)
+    return Trainer(policy, ToyEngine(policy), TASKS, cfg, BFCL.scorer(cfg.protocol))
 
 
 def run(tmp_path, steps=4, stop_after=None, resume=False, **over):

@@ -27,6 +27,7 @@ from rcgrpo.data.versioning import (
     staging_dir,
     versions,
 )
+from rcgrpo.envs.bfcl.environment import BFCL
 
 
 def git(root, *args):
@@ -54,7 +55,9 @@ def make_project(root):
 def built(root, seed: int):
     """A finished build in a staging folder of `root`, and its file md5s."""
     folder = staging_dir(root)
-    build_folder(DatasetConfig(train_tasks=8, test_tasks=4, rollouts="off", seed=seed), folder)
+    build_folder(
+        DatasetConfig(train_tasks=8, test_tasks=4, rollouts="off", seed=seed), folder, BFCL
+    )
     return folder, file_md5s(folder)
 
 

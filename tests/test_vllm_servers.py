@@ -21,6 +21,7 @@ import pytest
 
 from rcgrpo.bfcl.tasks import tasks_in
 from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
 from rcgrpo.rollout.config import RolloutConfig
@@ -52,7 +53,7 @@ def both_schedulers(engine, tasks) -> dict:
 
 @pytest.fixture(scope="module")
 def one_server(policy, tasks):
-    engine = make_engine(VCFG, policy)
+    engine = make_engine(VCFG, policy, BFCL)
     try:
         return both_schedulers(engine, tasks)
     finally:
@@ -72,7 +73,7 @@ def two(policy, tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(planted)
     try:
-        engine = make_engine(replace(VCFG, vllm_servers=2, vllm_sleep_mode=True), policy)
+        engine = make_engine(replace(VCFG, vllm_servers=2, vllm_sleep_mode=True), policy, BFCL)
     finally:
         os.chdir(cwd)
     engine.planted_marker = marker
@@ -85,7 +86,7 @@ def two(policy, tmp_path_factory):
 def test_greedy_async_equals_lockstep_and_one_server_equals_two(policy, tasks, one_server, two):
     runs = {("1", k): v for k, v in one_server.items()}
     runs |= {("2", k): v for k, v in both_schedulers(two, tasks).items()}
-    hf = make_engine(replace(VCFG, engine="hf"), policy).rollout(tasks, TOKENS, seed=0)
+    hf = make_engine(replace(VCFG, engine="hf"), policy, BFCL).rollout(tasks, TOKENS, seed=0)
     for key, out in runs.items():
         assert [r.ids for r in out] == [r.ids for r in hf], key
         assert [r.mask for r in out] == [r.mask for r in hf], key

@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_trainer import TASKS, ToyEngine, tiny_policy
 
-from rcgrpo.rollout.bfcl_environment import BFCL
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.rollout.environment import Rewards
 from rcgrpo.training.distributed import Single
 from rcgrpo.training.grpo import rollouts
@@ -275,12 +275,14 @@ def hf_step(tmp_path, shift: float = 0.0, temperature: float = 1.0, **over):
 
     tasks = [t for t in tasks_in("train") if t.category == "base"][:2]
     policy = load_policy(ModelConfig())
-    hf = make_engine(RolloutConfig(temperature=temperature, **HF_ROLLOUT), policy)
+    hf = make_engine(RolloutConfig(temperature=temperature, **HF_ROLLOUT), policy, BFCL)
     engine = ShiftedEngine(hf, shift) if shift else hf
     base = dict(steps=1, tasks_per_step=2, group_size=2, micro_batch_size=2, lr=1e-3)
     cfg = RLConfig(out_dir=str(tmp_path), advantage="sign", save_every=0, **{**base, **over})
     with hf:  # its tool workers end with the test
-        trainer = Trainer(policy, engine, tasks, cfg, temperature=temperature)
+        trainer = Trainer(
+            policy, engine, tasks, cfg, BFCL.scorer(cfg.protocol), temperature=temperature
+        )
         real, no_grad = trainer._logprobs, []
 
         def counted(model, *args):  # the trainer's own log-prob forward, counted

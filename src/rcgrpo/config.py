@@ -95,7 +95,7 @@ SECTIONS = {
     "model": "rcgrpo.models.profiles:ModelConfig",
     "rollout": "rcgrpo.rollout.config:RolloutConfig",
     "dataset": "rcgrpo.data.dataset:DatasetConfig",
-    "env": "rcgrpo.bfcl.limits:EnvConfig",
+    "env": "rcgrpo.envs.config:EnvConfig",
     "execution": "rcgrpo.rollout.execution:ExecutionConfig",
     "traces": "rcgrpo.tracking.traces:TracesConfig",
     "retention": "rcgrpo.tracking.retention:RetentionConfig",

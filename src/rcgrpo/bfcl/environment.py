@@ -54,6 +54,7 @@ class Step:
     executed: list[bool] = field(default_factory=list)
     # per call: wall seconds in the tool worker (guard + dispatch; 0.0 for one refused here)
     seconds: list[float] = field(default_factory=list)
+    stop: str = ""  # why this message ends the episode ("" = it does not; set by the protocol)
 
     @property
     def attempted(self) -> bool:

@@ -20,7 +20,7 @@ both see the same cut text.
 
 from __future__ import annotations
 
-DEFAULT_MAX_CHARS = 32_768  # env.max_observation_chars's default (rcgrpo.bfcl.limits.EnvConfig)
+DEFAULT_MAX_CHARS = 32_768  # env.max_observation_chars's default (rcgrpo.envs.config.EnvConfig)
 _max_chars = DEFAULT_MAX_CHARS  # this process's cap; a tool worker's comes from its argv
 
 

@@ -17,9 +17,9 @@ that holds the episodes' API instances:
 Scoring (`rcgrpo.bfcl.checkers`) sends whole trajectories in one request (a rollout batch: see
 agent_loop.results) and replays them in the worker under the same per-call limit. The worker
 side is rcgrpo.bfcl.tool_worker; this module is the parent side. Limits: params.yaml `env:`
-(EnvConfig), or `--set env.*`.
+(rcgrpo.envs.config.EnvConfig, or anything with its five limits), or `--set env.*`.
 
-    from rcgrpo.bfcl.sandbox import EnvConfig, Sandbox
+    from rcgrpo.envs.config import EnvConfig
     sandbox = Sandbox(EnvConfig(tool_timeout_s=1.0))  # Episode(task, sandbox=sandbox)
 """
 
@@ -37,9 +37,9 @@ import weakref
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from rcgrpo.bfcl.limits import EnvConfig
 from rcgrpo.bfcl.observations import set_max_chars
 from rcgrpo.bfcl.progress import IDLE, LAYOUT, OOM, TRUSTED, Failure
+from rcgrpo.config import section_class
 
 
 class SandboxError(RuntimeError):
@@ -59,8 +59,9 @@ class Sandbox:
     Episodes register here; each keeps its own log of executed calls, which a new worker replays.
     """
 
-    def __init__(self, config: EnvConfig | None = None):
-        self.config = config or EnvConfig()
+    def __init__(self, config=None):
+        # an `env:` section (its five limits: rcgrpo.envs.config, found by name), or its defaults
+        self.config = config or section_class("env")()
         self._lock = threading.RLock()
         self._proc: subprocess.Popen | None = None
         self._live: set[int] = set()  # episodes present in the current worker
@@ -239,10 +240,10 @@ def _close_all() -> None:
         sandbox.close()
 
 
-_chosen: list[EnvConfig] = []  # the run's `env:` section, set once by the stage's entry
+_chosen: list = []  # the run's `env:` section, set once by the run's environment
 
 
-def use(cfg: EnvConfig) -> None:
+def use(cfg) -> None:
     """Make `cfg` (a resolved run's `env:`) what this process's tool workers run under; call
     before the first sandbox starts (each thread keeps the one it started). Episodes run in
     this process (no worker) cut their observations at the same size."""
@@ -250,20 +251,22 @@ def use(cfg: EnvConfig) -> None:
     set_max_chars(cfg.max_observation_chars)
 
 
-def configured() -> EnvConfig:
+def configured():
     """The run's `env:` (`use`), else params.yaml `env:` of the checkout, else the defaults."""
     return _chosen[0] if _chosen else _from_params()
 
 
 @functools.cache
-def _from_params() -> EnvConfig:
+def _from_params():
+    """params.yaml `env:` (its class found by name, rcgrpo.config.SECTIONS: the section is the
+    run's, above this package), or its defaults without a params.yaml."""
     from rcgrpo.config import ConfigError, load_section
 
     try:
-        return load_section("env", EnvConfig)
+        return load_section("env", section_class("env"))
     except ConfigError as e:
         if "not found" in str(e):
-            return EnvConfig()
+            return section_class("env")()
         raise
 
 

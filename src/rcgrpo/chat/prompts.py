@@ -1,4 +1,8 @@
-"""Prompt text and the one renderer shared by rollouts and SFT: messages -> token pieces.
+"""Prompt pieces and the one renderer shared by rollouts and SFT: messages -> token pieces.
+
+An environment writes its own system prompt and requests (rcgrpo.envs); what is here is the
+same for all: the reward goal, tool docs as the template lists them, tools revealed mid-episode,
+calls as a python list, the chat template.
 
 Rollouts and SFT examples are built from the same pieces, so a recorded trajectory trains on the
 layout the policy sees when it acts:
@@ -12,7 +16,7 @@ layout the policy sees when it acts:
 A continuation is the text the chat template adds when the new messages are appended (template
 rendering of all messages minus the rendering up to the last assistant message), so any chat
 template that renders a conversation as a concatenation of messages works, the model's own ones
-included. Calls are written in BFCL's python form, `[cd(folder='document'), ls()]`.
+included. Calls are written in python form, `[cd(folder='document'), ls()]`.
 
 Tool output is data: a tool message whose text contains the text of any added token (special
 or not: `<|im_end|>`, `<|high_reward|>`, Qwen's `<tool_call>` ...) or of a tag the chat template
@@ -52,20 +56,6 @@ PROJECT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-SYSTEM_PROMPT = (
-    "You are an agent that completes tasks by calling the functions listed below. To call "
-    "functions, reply with only a python list of calls, e.g. [cd(folder='document'), ls()]. "
-    "The results come back as tool messages. When the request is complete, reply in plain text."
-)
-COMBINED_SUFFIX = (
-    " The user's request is a list of steps: do them in order, and when every step is done, "
-    "call done()."
-)
-DONE_DOC = {
-    "name": "done",
-    "description": "Call this when every step of the request is complete. Ends the episode.",
-    "parameters": {"type": "dict", "properties": {}, "required": []},
-}
 NEW_FUNCTIONS_HEADER = "\n\nNew functions:\n"
 
 
@@ -111,15 +101,8 @@ def tools_text(docs: list[dict], compact: bool) -> str:
     return "\n".join(compact_signature(d) if compact else json.dumps(d) for d in docs)
 
 
-def combined_request(turns: list[list[dict]]) -> str:
-    """The paper's single prompt: 'Step 1: ...\\nStep 2: ...' over the turns with user text
-    (miss_func's empty reveal turns are skipped: in this protocol every function is listed)."""
-    texts = [" ".join(m["content"] for m in turn) for turn in turns if turn]
-    return "\n".join(f"Step {i}: {text}" for i, text in enumerate(texts, start=1))
-
-
 def format_calls(calls: list[str]) -> str:
-    """Assistant text for a list of BFCL call strings (how expert steps are written)."""
+    """Assistant text for a list of call strings (how expert steps are written)."""
     return "[" + ", ".join(calls) + "]"
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 HIGH, LOW = "<|high_reward|>", "<|low_reward|>"
 REWARD_TOKENS = (HIGH, LOW)
-PROTOCOLS = ("bfcl", "combined")
 SPLITS = ("train", "test")
 MAX_ROW_BYTES = 4 << 20  # a record is a few kB; an 8 MB row once cost 2 GB before it was dropped
 
@@ -41,8 +40,10 @@ class Trajectory:
 
     messages: chat messages in order; an assistant message may carry `tool_calls` (list of call
         strings) and tool observations are messages with role "tool".
-    calls: per turn, per model step, the executed python-call strings (bfcl-eval's result layout).
-    paper_reward / bfcl_reward: 0 or 1, with the checkers' reasons in `reward_reason`.
+    calls: per turn, per model step, the executed call strings (bfcl-eval's result layout).
+    reward: 0 or 1, the environment's training check (BFCL: the paper's R): what the data
+        stage labels a row by; checks: every named check (BFCL: {"paper": .., "bfcl": ..}),
+        as rcgrpo.rollout.environment.Rewards holds them; reward_reason: per check, why.
     """
 
     task_id: str
@@ -51,8 +52,8 @@ class Trajectory:
     protocol: str
     messages: list[dict]
     calls: list[list[list[str]]]
-    paper_reward: int
-    bfcl_reward: int
+    reward: int
+    checks: dict
     provenance: Provenance
     reward_token: str | None = None
     reward_reason: dict = field(default_factory=dict)
@@ -74,6 +75,7 @@ def _expect(cond: bool, where: str, fieldname: str, what: str) -> None:
 def from_dict(row: dict, where: str = "row") -> Trajectory:
     """Validate one decoded row and build the record; RecordError names the field at fault."""
     _expect(isinstance(row, dict), where, "<row>", "must be a JSON object")
+    row = _named_checks(row)
     missing = sorted(_REQUIRED - row.keys())
     _expect(not missing, where, ",".join(missing), "is missing")
     unknown = sorted(row.keys() - {f.name for f in fields(Trajectory)})
@@ -84,10 +86,10 @@ def from_dict(row: dict, where: str = "row") -> Trajectory:
         row["split"] in SPLITS, where, "split", f"must be one of {SPLITS}, got {row['split']!r}"
     )
     _expect(
-        row["protocol"] in PROTOCOLS,
+        isinstance(row["protocol"], str) and row["protocol"],
         where,
         "protocol",
-        f"must be one of {PROTOCOLS}, got {row['protocol']!r}",
+        "must be a non-empty string",
     )
     _expect(
         row.get("reward_token") in (None, *REWARD_TOKENS),
@@ -95,13 +97,20 @@ def from_dict(row: dict, where: str = "row") -> Trajectory:
         "reward_token",
         f"must be null or one of {REWARD_TOKENS}, got {row.get('reward_token')!r}",
     )
-    for name in ("paper_reward", "bfcl_reward"):
-        _expect(
-            row[name] in (0, 1) and not isinstance(row[name], float),
-            where,
-            name,
-            f"must be 0 or 1, got {row[name]!r}",
-        )
+    _expect(
+        row["reward"] in (0, 1) and not isinstance(row["reward"], float),
+        where,
+        "reward",
+        f"must be 0 or 1, got {row['reward']!r}",
+    )
+    checks = row["checks"]
+    _expect(
+        isinstance(checks, dict)
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in checks.values()),
+        where,
+        "checks",
+        "must be an object of check name -> number",
+    )
     _expect(
         isinstance(row["messages"], list)
         and all(
@@ -143,6 +152,16 @@ def from_dict(row: dict, where: str = "row") -> Trajectory:
         isinstance(row.get("reward_reason", {}), dict), where, "reward_reason", "must be an object"
     )
     return Trajectory(**{**row, "provenance": provenance})
+
+
+def _named_checks(row: dict) -> dict:
+    """A row written before records carried named checks (BFCL's `paper_reward` and
+    `bfcl_reward` fields, in every dataset version DVC kept) in today's layout."""
+    if "reward" in row or not {"paper_reward", "bfcl_reward"} <= row.keys():
+        return row
+    out = {k: v for k, v in row.items() if k not in ("paper_reward", "bfcl_reward")}
+    checks = {"paper": row["paper_reward"], "bfcl": row["bfcl_reward"]}
+    return {**out, "reward": row["paper_reward"], "checks": checks}
 
 
 def read_jsonl(path: str | Path) -> list[Trajectory]:
@@ -192,15 +211,3 @@ def write_jsonl(path: str | Path, records: list[Trajectory]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
-
-
-def check_task_ids(records: list[Trajectory], where: str | Path) -> list[Trajectory]:
-    """RecordError in one line if a record names a task BFCL does not have (it failed with a
-    KeyError after the model had loaded); returns the records."""
-    from rcgrpo.bfcl.tasks import load_tasks
-
-    known = load_tasks()
-    for number, record in enumerate(records, start=1):
-        if record.task_id not in known:
-            raise RecordError(f"{where}: record {number}: unknown task id {record.task_id[:80]!r}")
-    return records

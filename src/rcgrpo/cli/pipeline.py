@@ -188,24 +188,28 @@ def _check_procs(procs: int) -> None:
 
 
 def _before_after(reports: dict) -> str:
-    """'high 3/8 -> 8/8, low 1/8 -> 2/8 (greedy, paper reward)' from the RL-task reports."""
+    """'high 3/8 -> 8/8, low 1/8 -> 2/8 (greedy, paper reward)' from the RL-task reports (the
+    reports' first check: the reward; BFCL's paper R)."""
     import json
     from pathlib import Path
+
+    from rcgrpo.evaluation.compare import checks
 
     loaded = {k: json.loads(Path(p).read_text()) for k, p in reports.items()}
     if not loaded:
         return "-"
+    check = checks(next(iter(loaded.values())))[0]
 
     def count(when: str, token: str) -> str:
         runs = (loaded.get(when) or {}).get("runs", {}).get(token)
         if not runs:
             return "?"
-        a = runs[min(runs)]["paper"]["pooled"]
+        a = runs[min(runs)][check]["pooled"]
         return f"{a['k']:g}/{a['n']:g}"
 
     tokens = sorted({t for r in loaded.values() for t in r["runs"]})
     parts = [f"{t} {count('before', t)} -> {count('after', t)}" for t in tokens]
-    return ", ".join(parts) + " (success before -> after RL; greedy, paper reward)"
+    return ", ".join(parts) + f" (success before -> after RL; greedy, {check} reward)"
 
 
 def schedule(

@@ -119,6 +119,7 @@ def eval_(
     model_path: Path = typer.Argument(..., help="a folder written by save_policy (…/final)"),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     model_set: list[str] = typer.Option([], "--model-set", help="override a model: field"),
+    env_set: list[str] = typer.Option([], "--env-set", help="override an env: field (name=...)"),
     params: Path | None = typer.Option(None, help="params.yaml to read"),
 ) -> None:
     """Evaluate a trained policy on the held-out tasks; prints pooled / category-mean / gap."""
@@ -126,6 +127,8 @@ def eval_(
         raise FileNotFoundError(
             f"{model_path} is not a folder: pass one written by save_policy, e.g. outputs/rl/final"
         )
+    from rcgrpo.envs import get
+    from rcgrpo.envs.config import EnvConfig
     from rcgrpo.evaluation.compare import fmt
     from rcgrpo.evaluation.config import EvalConfig
     from rcgrpo.evaluation.evaluate import run_eval
@@ -133,7 +136,8 @@ def eval_(
 
     cfg = _section("eval", EvalConfig, set_, params)
     rollout_cfg = _section("rollout", RolloutConfig, [], params)
-    report = run_eval(cfg, _model_cfg(params, model_set), model_path, rollout_cfg)
+    env = get(_section("env", EnvConfig, env_set, params))
+    report = run_eval(cfg, _model_cfg(params, model_set), model_path, env, rollout_cfg)
     for token, by_seed in report["runs"].items():
         for seed, s in by_seed.items():
             for checker, summary in s.items():
@@ -149,7 +153,7 @@ def eval_(
 @app.command()
 def compare(
     runs: list[Path] = typer.Argument(..., help="eval output folders (or report.json files)"),
-    checker: str = typer.Option("bfcl", help="paper | bfcl"),
+    checker: str = typer.Option("bfcl", help="a check of the reports (BFCL: paper | bfcl)"),
     token: str = typer.Option("high", help="high | low | none"),
     png: Path = typer.Option(Path("outputs/compare.png"), help="bar chart to write"),
 ) -> None:
@@ -157,16 +161,15 @@ def compare(
     from rich.console import Console
     from rich.table import Table
 
-    from rcgrpo.bfcl.tasks import CATEGORIES
-    from rcgrpo.evaluation.compare import fmt, load_report, rows
+    from rcgrpo.evaluation.compare import categories, fmt, load_report, rows
     from rcgrpo.evaluation.plots import bar_chart
 
     try:
-        table_rows = rows(
-            {p.name if p.is_dir() else p.parent.name: load_report(p) for p in runs}, checker, token
-        )
+        reports = {p.name if p.is_dir() else p.parent.name: load_report(p) for p in runs}
+        table_rows = rows(reports, checker, token)
     except (FileNotFoundError, ValueError) as e:
         raise typer.BadParameter(str(e)) from None
+    names = categories(next(iter(reports.values())))
     table = Table(title=f"{checker} checker, conditioned on {token}")
     for col in (
         "run",
@@ -174,7 +177,7 @@ def compare(
         "n",
         "pooled [95% CI]",
         "category mean [95% CI]",
-        *CATEGORIES,
+        *names,
         "gap",
     ):
         table.add_column(col)
@@ -185,7 +188,7 @@ def compare(
             str(int(r["n"])),
             fmt(r["pooled"]),
             fmt(r["category_mean"]),
-            *(fmt(r[c]) for c in CATEGORIES),
+            *(fmt(r[c]) for c in names),
             fmt(r["gap"]),
         )
     Console(width=160).print(table)  # wide: 10 columns must not be truncated

@@ -1,7 +1,7 @@
 """The ceiling of a set of token limits: the ground truth replayed through the agent loop.
 
 `replay(task, renderer, ...)` drives one `AgentLoop` as a rollout engine would, except that the
-"model" is scripted: each of its messages is the expert's assistant text (rcgrpo.data.
+"model" is scripted: each of its messages is the expert's assistant text (rcgrpo.envs.bfcl.
 experts, the calls in BFCL's python form, then the turn-closing reply or `done()`), tokenised
 by the policy's tokenizer plus the stop token and cut at `loop.max_new()` exactly as generation
 would be. The episode then meets the same limits, step counts and stop rules a policy meets,
@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 from rcgrpo.bfcl.tasks import Task
 from rcgrpo.chat.prompts import Renderer
-from rcgrpo.data.experts import expert
-from rcgrpo.rollout.agent_loop import AgentLoop, Limits, Rollout
+from rcgrpo.envs.bfcl.environment import BFCL
+from rcgrpo.envs.bfcl.experts import expert
+from rcgrpo.rollout.agent_loop import AgentLoop, Limits, Rollout, results
 
 
 def replay(
@@ -32,7 +33,8 @@ def replay(
 ) -> tuple[Rollout, int]:
     """(the finished rollout, the longest scripted message in tokens with its stop token)."""
     texts = [m["content"] for m in expert(task, protocol).messages if m["role"] == "assistant"]
-    loop = AgentLoop(task, renderer, protocol, reward_token, limits, compact_docs)
+    episode = BFCL.episode(task, protocol, limits.max_steps)
+    loop = AgentLoop(episode, renderer, reward_token, limits, compact_docs)
     longest = 0
     for text in texts:
         if loop.pending() is None:
@@ -43,7 +45,7 @@ def replay(
         loop.feed(sampled, [0.0] * len(sampled))
     if loop.pending() is not None:  # the script ran out: end it as a model that stops talking
         loop._finish("script_end")
-    return loop.result(), longest
+    return results([loop], BFCL.scorer(protocol))[0], longest
 
 
 @dataclass

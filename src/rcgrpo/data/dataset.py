@@ -26,11 +26,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
-from rcgrpo.bfcl.tasks import CATEGORIES, Task, tasks_in
 from rcgrpo.chat.record import SPLITS, Trajectory, write_jsonl
 from rcgrpo.data.failures import RolloutReport
-from rcgrpo.data.perturbations import KINDS
 from rcgrpo.fields import config_class, ranged, setting
+from rcgrpo.rollout.environment import Environment
 
 
 @config_class
@@ -44,14 +43,16 @@ class DatasetConfig:
     protocol: Literal["combined", "bfcl"] = setting(
         "combined", "prompt protocol of every trajectory (combined: the paper's training prompt)"
     )
-    categories: tuple[Literal[CATEGORIES], ...] = setting(
-        CATEGORIES, "BFCL multi-turn categories to include"
+    categories: tuple[str, ...] = setting(
+        (), "the environment's task categories to include ([] = all; BFCL: base, miss_func, ...)"
     )
     train_tasks: int = ranged(
-        0, "[0, inf)", "train tasks to use (0 = all 720); a seeded, category-stratified subset"
+        0,
+        "[0, inf)",
+        "train tasks to use (0 = all; BFCL: 720); a seeded, category-stratified subset",
     )
-    test_tasks: int = ranged(0, "[0, inf)", "test tasks to use (0 = all 80)")
-    train_categories: tuple[Literal[CATEGORIES], ...] = setting(
+    test_tasks: int = ranged(0, "[0, inf)", "test tasks to use (0 = all; BFCL: 80)")
+    train_categories: tuple[str, ...] = setting(
         (), "categories the train tasks may come from ([] = categories; test is never filtered)"
     )
     train_max_calls: int = ranged(
@@ -61,7 +62,9 @@ class DatasetConfig:
     balance_tolerance: float = ranged(
         0.05, "[0, 1]", "|high share - target| allowed by the validation suite"
     )
-    kinds: tuple[Literal[KINDS], ...] = setting(KINDS, "perturbation kinds (failure source b)")
+    kinds: tuple[str, ...] = setting(
+        (), "the environment's failure kinds (source b; [] = all; BFCL: wrong_tool, ...)"
+    )
     attempts: int = ranged(4, "[1, inf)", "candidate perturbations tried per kind until one fails")
     # YAML reads a bare on/off as a bool: accepted
     rollouts: Literal["auto", "on", "off"] | bool = setting(
@@ -135,13 +138,14 @@ def rollout_model(
     )
 
 
-def select_tasks(cfg: DatasetConfig, split: str) -> list[Task]:
-    """The split's tasks, or a seeded subset stratified round-robin over categories. Train tasks
-    are first narrowed to `train_categories` and to at most `train_max_calls` ground-truth calls."""
-    categories = tuple(cfg.categories)
+def select_tasks(cfg: DatasetConfig, split: str, env: Environment) -> list:
+    """The split's tasks of `env`, or a seeded subset stratified round-robin over categories.
+    Train tasks are first narrowed to `train_categories` and to at most `train_max_calls`
+    ground-truth calls."""
+    categories = tuple(cfg.categories) or tuple(env.categories)
     if split == "train" and cfg.train_categories:
         categories = tuple(cfg.train_categories)
-    tasks = tasks_in(split, categories)
+    tasks = env.tasks(split, categories)
     if split == "train" and cfg.train_max_calls:
         tasks = [t for t in tasks if sum(map(len, t.ground_truth)) <= cfg.train_max_calls]
         if not tasks:
@@ -157,32 +161,34 @@ def select_tasks(cfg: DatasetConfig, split: str) -> list[Task]:
         c: rng.sample([t for t in tasks if t.category == c], k=sum(t.category == c for t in tasks))
         for c in categories
     }
-    picked: list[Task] = []
+    picked: list = []
     while len(picked) < n:
         for c in categories:
             if by_cat[c] and len(picked) < n:
                 picked.append(by_cat[c].pop())
-    return sorted(picked, key=lambda t: (t.category, t.number))
+    order = {t.id: i for i, t in enumerate(tasks)}  # within a category: BFCL's task number
+    return sorted(picked, key=lambda t: (t.category, order[t.id]))
 
 
-def tasks_of(path: str | Path, split: str) -> list[Task]:
-    """The tasks a dataset file (Trajectory JSONL) was built from, in (category, number) order:
-    the RL and the train-task evaluation use the tasks the policy was fine-tuned on. A task of
-    the other split in the file is an error (RL or a "train" score on test tasks is a leak)."""
+def tasks_of(path: str | Path, split: str, env: Environment) -> list:
+    """The tasks of `env` a dataset file (Trajectory JSONL) was built from, in the
+    environment's order: the RL and the train-task evaluation use the tasks the policy was
+    fine-tuned on. A task of the other split in the file is an error (RL or a "train" score on
+    test tasks is a leak)."""
     from rcgrpo.chat.record import read_jsonl
 
     ids = {r.task_id for r in read_jsonl(path)}
     if not ids:
         raise ValueError(f"{path} holds no trajectory: no task to train or evaluate on")
-    tasks = [t for t in tasks_in(split) if t.id in ids]
+    tasks = [t for t in env.tasks(split) if t.id in ids]
     if stray := sorted(ids - {t.id for t in tasks}):
-        raise ValueError(f"{path}: tasks {stray[:5]} are not {split} tasks (split.json)")
+        raise ValueError(f"{path}: tasks {stray[:5]} are not {split} tasks of {env.name}")
     return tasks
 
 
 def low_sources(rows: list[Trajectory]) -> dict:
     """Where the low rows of a mixed file come from: the policy's own rollouts or perturbations."""
-    low = [r.provenance.generator for r in rows if r.paper_reward != 1]
+    low = [r.provenance.generator for r in rows if r.reward != 1]
     return {
         "policy_rollouts": sum(g == "rollout" for g in low),
         "perturbations": sum(g.startswith("perturbation:") for g in low),
@@ -191,7 +197,7 @@ def low_sources(rows: list[Trajectory]) -> dict:
 
 def counts(rows: list[Trajectory]) -> dict:
     """{"high": n, "low": n, "generators": {...}} of one file."""
-    labels = Counter("high" if r.paper_reward == 1 else "low" for r in rows)
+    labels = Counter("high" if r.reward == 1 else "low" for r in rows)
     return {
         "rows": len(rows),
         "high": labels["high"],
@@ -238,22 +244,24 @@ def write_dataset(
     return manifest
 
 
-def build_folder(cfg: DatasetConfig, out: Path, rollouts: dict | None = None) -> dict:
+def build_folder(
+    cfg: DatasetConfig, out: Path, env: Environment, rollouts: dict | None = None
+) -> dict:
     """The flow's generate -> label -> write stages as plain Python (no Prefect), for tests and
-    notebooks: writes one build into `out` and returns its manifest. rollouts: split -> records
-    (made elsewhere, e.g. by rollout_failures); only those `failures.refusal` accepts are used."""
-    from rcgrpo.data.experts import generate_experts
+    notebooks: writes one build of `env`'s tasks into `out` and returns its manifest. rollouts:
+    split -> records (made elsewhere, e.g. by rollout_failures); only those `failures.refusal`
+    accepts are used."""
+    from rcgrpo.data.generate import generate_experts, generate_failures
     from rcgrpo.data.labels import low_half, mixed_set, sft_set
-    from rcgrpo.data.perturbations import generate_perturbations
 
     screened = RolloutReport()
     usable = {s: [r for r in (rollouts or {}).get(s, []) if screened.add(r)] for s in SPLITS}
     rctp, sft, failed = {}, {}, []
     for split in SPLITS:
-        tasks = select_tasks(cfg, split)
-        report = generate_experts(tasks, split, cfg.protocol)
-        perturbed = generate_perturbations(
-            tasks, split, cfg.protocol, cfg.seed, cfg.kinds, cfg.attempts
+        tasks = select_tasks(cfg, split, env)
+        report = generate_experts(env, tasks, split, cfg.protocol)
+        perturbed = generate_failures(
+            env, tasks, split, cfg.protocol, cfg.seed, cfg.kinds, cfg.attempts
         )
         n_low = round(len(report.experts) * cfg.low_per_high)
         lows = low_half(usable[split], perturbed, n_low, cfg.rollout_share, cfg.seed)

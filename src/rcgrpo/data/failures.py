@@ -1,11 +1,11 @@
 """Failure trajectories (reward 0) from two sources, each recorded in provenance.generator.
 
 (b) "perturbation:<kind>": an expert's calls changed the way real agents get them wrong, then
-    re-executed and re-scored (rcgrpo.data.perturbations: the kinds); only reward-0
-    trajectories are returned.
+    re-executed and re-scored by the environment (`Environment.failures`; BFCL's kinds:
+    rcgrpo.envs.bfcl.perturbations); only usable failures are kept (rcgrpo.data.generate).
 (a) "rollout": rollouts of the base policy through the configured engine (`rollout_failures`:
     the `rollout:` section, engine and scheduler as configured, the profile's token budgets
-    where it leaves them at 0), kept when `refusal` finds nothing wrong: paper reward 0, an
+    where it leaves them at 0), kept when `refusal` finds nothing wrong: reward 0, an
     assistant message, and at least one call the executor parsed and dispatched (a random
     policy's prose is noise, not a failure of tool calling). A first prompt over the episode
     budget is an error naming the budget (`RolloutBudgetError`), never a silent switch to
@@ -22,10 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rcgrpo.bfcl.tasks import Task
 from rcgrpo.chat.record import Trajectory
 from rcgrpo.config import ConfigError
-from rcgrpo.data.experts import DONE
 
 if TYPE_CHECKING:
     from rcgrpo.models.profiles import ModelConfig
@@ -39,6 +37,8 @@ class EngineUnavailable(RuntimeError):
     """The rollout engine or the base model cannot be loaded (`rollouts: auto` skips then)."""
 
 
+# A call that ends an episode and acts on nothing (BFCL's combined protocol ends with it).
+DONE = "done()"
 # Why a trajectory is refused as a low-reward example, in the order `refusal` checks them.
 REFUSALS = ("reward_1", "no_assistant_message", "no_parsed_call", "empty_assistant_message")
 
@@ -56,7 +56,7 @@ def refusal(record: Trajectory) -> str | None:
 
     A usable failure is a failure *of tool calling* (paper: wrong tool, wrong or missing
     argument, premature stop). The first reason that applies is returned:
-      reward_1                 paper reward is not 0: not a failure at all
+      reward_1                 the reward is not 0: not a failure at all
       no_assistant_message     the policy said nothing (the prompt alone used the token budget)
       no_parsed_call           no call parsed and dispatched (`api_calls` is empty): prose or
                                garbage only, or a bare done(). It would teach <|low_reward|> to
@@ -68,7 +68,7 @@ def refusal(record: Trajectory) -> str | None:
     or token budget after some calls: both are the paper's "premature stop" failure.
     """
     assistant = [m for m in record.messages if m.get("role") == "assistant"]
-    if record.paper_reward != 0:
+    if record.reward != 0:
         return "reward_1"
     if not assistant:
         return "no_assistant_message"
@@ -123,14 +123,16 @@ class RolloutReport:
 
 
 def rollout_failures(
-    tasks: list[Task],
+    env,
+    tasks: list,
     protocol: str,
     seed: int,
     model: ModelConfig,
     rollout=None,
     backend=None,
 ) -> RolloutReport:
-    """Usable failures (`refusal` is None) among rollouts of the base policy of `model`.
+    """Usable failures (`refusal` is None) among rollouts of the base policy of `model` on the
+    tasks of `env` (the run's environment).
 
     `model` is loaded as given (profile, path, seed, dtype, device): the dataset build passes the
     policy's own params.yaml `model:` (dataset.rollout_model). `rollout`: the `rollout:` section
@@ -150,7 +152,7 @@ def rollout_failures(
         from rcgrpo.rollout.execution import make_engine  # heavy: torch, transformers
 
         policy = load_policy(model)
-        engine = make_engine(rollout_cfg, policy)
+        engine = make_engine(rollout_cfg, policy, env)
     except Exception as e:
         raise EngineUnavailable(f"{type(e).__name__}: {e}") from e
     local = engine
@@ -166,7 +168,7 @@ def rollout_failures(
         if backend is not None:  # rcgrpo.rollout.execution: this process, or shards on Ray
             from rcgrpo.rollout.execution import RolloutSpec
 
-            spec = RolloutSpec(model, None, rollout_cfg)
+            spec = RolloutSpec(model, None, rollout_cfg, env)
             engine = backend.engine(policy, spec, local_engine=engine)
         for rollout_ in engine.rollout(list(tasks), None, protocol, seed):
             record = rollout_.trajectory
@@ -178,7 +180,7 @@ def rollout_failures(
     return report
 
 
-def check_budget(engine, tasks: list[Task], protocol: str, profile: str) -> None:
+def check_budget(engine, tasks: list, protocol: str, profile: str) -> None:
     """RolloutBudgetError when a task's first prompt (no reward goal) leaves no room for one
     sampled token in the engine's episode budget (rollout.max_total_tokens)."""
     budget = engine.cfg.max_total_tokens

@@ -1,6 +1,7 @@
 """Quality labels: reward 1 -> <|high_reward|>, 0 -> <|low_reward|>, and the 1:1 balance.
 
-The label is the paper reward R (never the BFCL check, which the training reward does not use).
+The label is the record's reward: the environment's training check (BFCL: the paper's R, never
+BFCL's own check).
 It is written twice, on purpose: `reward_token` (for code) and the literal text
 `[Reward Goal: <|…|>]` appended to the first user message (what the model reads, as in the
 paper). `with_goal` refuses to append a second goal, so a renderer cannot double it.
@@ -68,7 +69,7 @@ def with_goal(messages: list[dict], token: str) -> list[dict]:
 
 def labelled(record: Trajectory) -> Trajectory:
     """The record with its reward token set and the goal in its first user message."""
-    token = token_for(record.paper_reward)
+    token = token_for(record.reward)
     out = copy.copy(record)
     out.reward_token = token
     out.messages = with_goal(record.messages, token)
@@ -110,10 +111,10 @@ def low_half(
 
 def mixed_set(experts: list[Trajectory], lows: list[Trajectory], seed: int) -> list[Trajectory]:
     """Labelled experts + labelled failures, shuffled with `seed`."""
-    if any(r.paper_reward != 1 for r in experts):
-        raise ValueError("every expert must have paper reward 1 before labelling")
-    if any(r.paper_reward != 0 for r in lows):
-        raise ValueError("every failure must have paper reward 0 before labelling")
+    if any(r.reward != 1 for r in experts):
+        raise ValueError("every expert must have reward 1 before labelling")
+    if any(r.reward != 0 for r in lows):
+        raise ValueError("every failure must have reward 0 before labelling")
     rows = [labelled(r) for r in experts] + [labelled(r) for r in lows]
     random.Random(seed).shuffle(rows)
     return rows

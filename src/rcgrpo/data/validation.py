@@ -18,12 +18,10 @@ from pathlib import Path
 
 import yaml
 
-from rcgrpo.bfcl.executor import CallError
-from rcgrpo.bfcl.replay import parse_call_string
-from rcgrpo.bfcl.tasks import load_split
-from rcgrpo.chat.record import RecordError, from_dict
+from rcgrpo.chat.record import SPLITS, RecordError, from_dict
 from rcgrpo.data.failures import api_calls
 from rcgrpo.data.labels import goal_counts, token_for
+from rcgrpo.rollout.environment import Environment
 
 SUITE_FILE = Path(__file__).with_name("suite.yaml")
 FILES = ("rctp/train.jsonl", "rctp/test.jsonl", "sft/train.jsonl", "sft/test.jsonl")
@@ -72,8 +70,8 @@ class ValidationReport:
         )
 
 
-def _row(path: Path, number: int, line: str, kind: str, split_of: dict) -> dict:
-    """One JSONL line as flat check columns."""
+def _row(path: Path, number: int, line: str, kind: str, split_of: dict, env: Environment) -> dict:
+    """One JSONL line as flat check columns; its calls checked by the environment's parser."""
     base = {"file": path.name, "line": number, "file_split": path.stem, "schema_error": None}
     try:
         record = from_dict(json.loads(line), f"{path}:{number}")
@@ -81,16 +79,12 @@ def _row(path: Path, number: int, line: str, kind: str, split_of: dict) -> dict:
         return {**base, "schema_error": f"not valid JSON ({e.msg} at column {e.colno})"}
     except RecordError as e:
         return {**base, "schema_error": str(e)}
-    bad_calls = 0
-    for text in (c for turn in record.calls for step in turn for c in step):
-        try:
-            parse_call_string(text)
-        except CallError:
-            bad_calls += 1
+    calls = [c for turn in record.calls for step in turn for c in step]
+    bad_calls = sum(env.check_call(text) is not None for text in calls)
     if kind == "rctp":
-        label_ok = record.reward_token == token_for(record.paper_reward)
+        label_ok = record.reward_token == token_for(record.reward)
     else:  # the SFT set: experts only, no token
-        label_ok = record.reward_token is None and record.paper_reward == 1
+        label_ok = record.reward_token is None and record.reward == 1
     total, first = goal_counts(record.messages)
     empty = sum(
         1
@@ -100,7 +94,7 @@ def _row(path: Path, number: int, line: str, kind: str, split_of: dict) -> dict:
         and not m.get("tool_calls")
     )
     # A low row must show a failure *of tool calling*: at least one dispatched call (done() aside).
-    no_call = record.paper_reward == 0 and not api_calls(record)
+    no_call = record.reward == 0 and not api_calls(record)
     return {
         **base,
         "task_id": record.task_id,
@@ -109,11 +103,10 @@ def _row(path: Path, number: int, line: str, kind: str, split_of: dict) -> dict:
         "task_split": split_of.get(record.task_id, "not in the split file"),
         "protocol": record.protocol,
         "generator": record.provenance.generator,
-        "paper_reward": record.paper_reward,
-        "bfcl_reward": record.bfcl_reward,
+        "reward": record.reward,
         "reward_token": record.reward_token or "none",
         "label_ok": bool(label_ok),
-        "is_high": float(record.paper_reward == 1),
+        "is_high": float(record.reward == 1),
         "goal_total": total,
         "goal_first": first,
         "bad_calls": bad_calls,
@@ -133,8 +126,7 @@ COLUMNS = [
     "task_split",
     "protocol",
     "generator",
-    "paper_reward",
-    "bfcl_reward",
+    "reward",
     "reward_token",
     "label_ok",
     "is_high",
@@ -146,13 +138,14 @@ COLUMNS = [
 ]
 
 
-def frame(path: Path, kind: str):
-    """The check frame of one JSONL file (pandas DataFrame, one row per non-blank line)."""
+def frame(path: Path, kind: str, env: Environment):
+    """The check frame of one JSONL file of `env`'s tasks (pandas DataFrame, one row per
+    non-blank line)."""
     import pandas as pd
 
-    split_of = load_split()
+    split_of = {t.id: split for split in SPLITS for t in env.tasks(split)}
     rows = [
-        _row(path, n, line, kind, split_of)
+        _row(path, n, line, kind, split_of, env)
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
         if line.strip()
     ]
@@ -187,9 +180,14 @@ def _gx_expectation(entry: dict, index: int):
 
 
 def validate_dir(
-    folder: str | Path, high_share: float = 0.5, tolerance: float = 0.05, docs_dir=None
+    folder: str | Path,
+    env: Environment,
+    high_share: float = 0.5,
+    tolerance: float = 0.05,
+    docs_dir=None,
 ) -> ValidationReport:
-    """Run the suite over every dataset file in `folder`; Data Docs to `docs_dir` if given."""
+    """Run the suite over every dataset file of `env`'s tasks in `folder`; Data Docs to
+    `docs_dir` if given."""
     import great_expectations as gx
 
     folder = Path(folder)
@@ -223,7 +221,7 @@ def validate_dir(
                 Failure(rel, "file_exists", "-", "a dataset file is missing", [], None)
             )
             continue
-        df = frame(path, kind)
+        df = frame(path, kind, env)
         name = rel.replace("/", "_").replace(".jsonl", "")
         batch_def = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
         suite = context.suites.add(gx.ExpectationSuite(name=name))
@@ -275,6 +273,8 @@ if __name__ == "__main__":
     from rcgrpo.runtime import apply_defaults
 
     apply_defaults()
-    outcome = validate_dir(sys.argv[1] if len(sys.argv) > 1 else "data")
+    from rcgrpo.envs import get  # the import of the entry point alone: params.yaml `env:`
+
+    outcome = validate_dir(sys.argv[1] if len(sys.argv) > 1 else "data", get())
     print(outcome.message())
     sys.exit(0 if outcome.success else 1)

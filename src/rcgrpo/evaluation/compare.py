@@ -12,7 +12,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rcgrpo.bfcl.tasks import CATEGORIES
+
+def categories(report: dict) -> list[str]:
+    """The report's task categories in the environment's order (a report written before it
+    recorded them: those its runs hold, in their order)."""
+    if report.get("categories"):
+        return list(report["categories"])
+    seen: dict[str, None] = {}
+    for by_seed in (report.get("runs") or {}).values():
+        for checks in by_seed.values():
+            for summary in checks.values():
+                seen.update(dict.fromkeys(summary["per_category"]))
+    return list(seen)
+
+
+def checks(report: dict) -> list[str]:
+    """The report's check names, in the order the environment reports them (BFCL: paper, bfcl)."""
+    for by_seed in (report.get("runs") or {}).values():
+        for checks_of_seed in by_seed.values():
+            return list(checks_of_seed)
+    return []
 
 
 def load_report(path: str | Path) -> dict:
@@ -24,7 +43,9 @@ def load_report(path: str | Path) -> dict:
 
 
 def rows(reports: dict[str, dict], checker: str = "bfcl", token: str = "high") -> list[dict]:
-    """One flat row per run: pooled and category mean with intervals, categories, gap."""
+    """One flat row per run: pooled and category mean with intervals, every category of the
+    first report (`categories`), gap."""
+    names = categories(next(iter(reports.values()))) if reports else []
     out = []
     for name, report in reports.items():
         by_seed = report["runs"].get(token)
@@ -39,7 +60,7 @@ def rows(reports: dict[str, dict], checker: str = "bfcl", token: str = "high") -
                 "n": s["pooled"]["n"],
                 "pooled": s["pooled"],
                 "category_mean": s["category_mean"],
-                **{c: s["per_category"].get(c, {}).get("value") for c in CATEGORIES},
+                **{c: s["per_category"].get(c, {}).get("value") for c in names},
                 "seed_mean": report["seed_mean"][token][checker]["pooled_mean"],
                 "n_seeds": report["seed_mean"][token][checker]["n_seeds"],
                 "gap": report["gap"].get(checker, {}).get("mean"),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-from rcgrpo.bfcl.tasks import CATEGORIES
 from rcgrpo.fields import config_class, ranged, setting
 
 
@@ -28,8 +27,8 @@ class EvalConfig:
         ("high",), "reward goals, one pass each; [high, low] gives the controllability gap"
     )
     seeds: tuple[int, ...] = ranged((0,), "[0, inf)", "one full pass over the tasks per seed")
-    categories: tuple[Literal[CATEGORIES], ...] = setting(
-        CATEGORIES, "BFCL multi-turn categories to include"
+    categories: tuple[str, ...] = setting(
+        (), "the environment's task categories to include ([] = all; BFCL: base, miss_func, ...)"
     )
     task_file: str = setting("", "only the tasks of this dataset file (JSONL), e.g. the RL tasks")
     limit: int = ranged(0, "[0, inf)", "first N tasks per category (0 = all), quick checks only")

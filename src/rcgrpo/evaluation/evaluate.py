@@ -1,10 +1,11 @@
-"""Held-out BFCL evaluation: roll out, score with both checkers, summarise with Wilson intervals.
+"""Held-out evaluation on the run's environment: roll out, score every named check, summarise
+with Wilson intervals.
 
 For each requested reward token (default <|high_reward|>; add <|low_reward|> for the
 controllability gap, `none` for a model trained without goals) and seed, every task is rolled out
-once by the engine, scored with the paper's R and BFCL's official check
-(`rcgrpo.bfcl.checkers.score`), and summarised per category, pooled (k/80) and as BFCL's
-unweighted category mean, each with a Wilson 95% interval (`rcgrpo.evaluation.stats`).
+once by the engine, scored by the environment's scorer (BFCL: the paper's R and BFCL's official
+check), and each check summarised per category, pooled (BFCL: k/80) and as the unweighted
+category mean, each with a Wilson 95% interval (`rcgrpo.evaluation.stats`).
 
 Defaults, and why: greedy decoding (temperature 0; bfcl-eval's leaderboard runs at ~0, and a
 sampled score needs many seeds to mean anything); the headline protocol is the one the model was
@@ -12,7 +13,7 @@ trained with (`protocol: trained`, read from the saved policy: a model trained o
 "Step 1..n" prompt is scored on it), and the other protocol is reported beside it for the first
 token (`other_protocol`), so a number is never quoted without the protocol it was measured with.
 `task_file` restricts the tasks to those of a dataset file (e.g. the RL tasks, split "train").
-Results are also written in bfcl-eval's result-file layout,
+BFCL's results are also written in bfcl-eval's result-file layout,
 
     <out>/bfcl_results/<model>-<token>-s<seed>[-combined]/multi_turn/BFCL_v4_multi_turn_<category>_result.json
 
@@ -32,24 +33,20 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rcgrpo.bfcl.tasks import Task, tasks_in
 from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.evaluation.config import EvalConfig
 from rcgrpo.evaluation.export import write_bfcl_results
 from rcgrpo.evaluation.stats import summarise
-from rcgrpo.rollout.bfcl_environment import BFCL
 from rcgrpo.rollout.environment import Environment
 
 TOKENS = {"high": HIGH, "low": LOW, "none": None}
 LogMetrics = Callable[[dict, int], None]
 
 
-PROTOCOLS = ("combined", "bfcl")
-
-
-def resolve_protocol(cfg: EvalConfig, model_path=None) -> EvalConfig:
+def resolve_protocol(cfg: EvalConfig, env: Environment, model_path=None) -> EvalConfig:
     """cfg with protocol "trained" replaced by the protocol the saved policy was trained with
-    (models.trained_protocol); a model with none recorded (a base model) gets BFCL's own."""
+    (models.trained_protocol); a model with none recorded (a base model) gets the
+    environment's own (the first of env.protocols: BFCL's "bfcl")."""
     if cfg.protocol != "trained":
         return cfg
     from dataclasses import replace
@@ -57,11 +54,13 @@ def resolve_protocol(cfg: EvalConfig, model_path=None) -> EvalConfig:
     from rcgrpo.models.loading import trained_protocol
 
     found = trained_protocol(model_path) if model_path else None
-    return replace(cfg, protocol=found if found in PROTOCOLS else "bfcl")
+    return replace(cfg, protocol=found if found in env.protocols else env.protocols[0])
 
 
-def other(protocol: str) -> str:
-    return PROTOCOLS[1 - PROTOCOLS.index(protocol)]
+def other(protocol: str, env: Environment) -> str | None:
+    """The environment's other protocol (BFCL: combined <-> bfcl), None if it has one."""
+    rest = [p for p in env.protocols if p != protocol]
+    return rest[0] if rest else None
 
 
 @dataclass
@@ -84,13 +83,15 @@ class Outcome:
         return {**row, **checks, "calls": calls, "reasons": reasons}
 
 
-def eval_tasks(cfg: EvalConfig) -> list[Task]:
+def eval_tasks(cfg: EvalConfig, env: Environment) -> list:
+    """The tasks of `env` cfg names: its split (or those of cfg.task_file), its categories."""
     if cfg.task_file:
         from rcgrpo.data.dataset import tasks_of
 
-        tasks = [t for t in tasks_of(cfg.task_file, cfg.split) if t.category in cfg.categories]
+        keep = set(cfg.categories or env.categories)
+        tasks = [t for t in tasks_of(cfg.task_file, cfg.split, env) if t.category in keep]
     else:
-        tasks = tasks_in(cfg.split, tuple(cfg.categories))
+        tasks = env.tasks(cfg.split, tuple(cfg.categories))
     if cfg.limit:
         per: dict[str, int] = {}
         kept = []
@@ -102,10 +103,10 @@ def eval_tasks(cfg: EvalConfig) -> list[Task]:
     return tasks
 
 
-def outcome_of(task, rollout, protocol: str, token: str, seed: int, scorer=None) -> Outcome:
-    """The rollout scored by `scorer` (rcgrpo.rollout.environment.Scorer; default: BFCL's under
-    `protocol`, which reads the verdicts an agent_loop.Rollout already carries)."""
-    rewards = (scorer or BFCL.scorer(protocol))(task, rollout)
+def outcome_of(task, rollout, protocol: str, token: str, seed: int, scorer) -> Outcome:
+    """The rollout scored by `scorer` (rcgrpo.rollout.environment.Scorer: the environment's
+    under `protocol`, which reads the checks an agent_loop.Rollout already carries)."""
+    rewards = scorer(task, rollout)
     calls = getattr(rollout, "calls", [])
     checks, reasons = dict(rewards.checks), dict(rewards.reasons)
     return Outcome(task.id, task.category, token, seed, protocol, checks, calls, reasons)
@@ -189,9 +190,9 @@ def evaluate(
     cfg: EvalConfig,
     log_metrics: LogMetrics | None = None,
     step: int = 0,
-    tasks: list[Task] | None = None,
+    tasks: list | None = None,
     on_rollouts: Callable[[dict, list], None] | None = None,
-    environment: Environment = BFCL,
+    environment: Environment | None = None,
 ) -> dict:
     """Roll out every task once per (token, seed) through `engine`, score, summarise, write.
 
@@ -201,16 +202,18 @@ def evaluate(
     other protocol, summarised in report["other_protocols"][protocol].
     on_rollouts(info, rollouts): called after each pass with its rollouts and info = {"seed",
     "protocol", "token", "start_ns"} (the pipeline writes episode traces with it).
-    environment: whose scorer scores each pass (rcgrpo.rollout.environment; `tasks` must then
-    be its tasks); only BFCL's outcomes are also written as bfcl-eval result files.
+    environment: the run's (rcgrpo.rollout.environment; required: `tasks` are its tasks), whose
+    scorer scores each pass; only BFCL's outcomes are also written as bfcl-eval result files.
     Writes <out_dir>/report.json, outcomes.jsonl and bfcl_results/; returns the report.
     """
-    if cfg.protocol not in PROTOCOLS:
+    if environment is None:
+        raise ValueError("evaluate: no environment (the run's: rcgrpo.envs.get(rc.env))")
+    if cfg.protocol not in environment.protocols:
         raise ValueError(f"eval protocol {cfg.protocol!r}: resolve it first (resolve_protocol)")
-    tasks = tasks if tasks is not None else eval_tasks(cfg)
+    tasks = tasks if tasks is not None else eval_tasks(cfg, environment)
     plan = [(cfg.protocol, token) for token in cfg.tokens]
-    if cfg.other_protocol:
-        plan.append((other(cfg.protocol), cfg.tokens[0]))
+    if cfg.other_protocol and other(cfg.protocol, environment):
+        plan.append((other(cfg.protocol, environment), cfg.tokens[0]))
     outcomes: list[Outcome] = []
     for seed in cfg.seeds:
         for protocol, token in plan:
@@ -227,6 +230,7 @@ def evaluate(
         for p in sorted({o.protocol for o in outcomes} - {cfg.protocol})
     }
     report["config"] = asdict(cfg)
+    report["categories"] = list(environment.categories)  # the order tables list them in
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -246,13 +250,15 @@ def run_eval(
     cfg: EvalConfig,
     model_cfg,
     model_path,
+    env: Environment,
     rollout_cfg=None,
     log_metrics=None,
     backend=None,
     on_rollouts=None,
 ) -> dict:
-    """Load a saved policy and evaluate it with the rollout engine (rcgrpo.rollout.engine), at
-    cfg.temperature (greedy by default) whatever the rollout section's sampling temperature.
+    """Load a saved policy and evaluate it on `env` (the run's environment) with the rollout
+    engine (rcgrpo.rollout.engine), at cfg.temperature (greedy by default) whatever the rollout
+    section's sampling temperature.
     backend: an rcgrpo.rollout.execution Backend (local or Ray workers; None = one local engine)."""
     from dataclasses import replace
 
@@ -261,8 +267,8 @@ def run_eval(
     from rcgrpo.rollout.execution import RolloutSpec, make_engine
     from rcgrpo.rollout.router import visible_gpus
 
-    cfg = resolve_protocol(cfg, model_path)
-    tasks = eval_tasks(cfg)  # before loading the model: a bad task_file fails at once
+    cfg = resolve_protocol(cfg, env, model_path)
+    tasks = eval_tasks(cfg, env)  # before loading the model: a bad task_file fails at once
     policy = load_policy(model_cfg, adapter_path=model_path)
     rollout_cfg = replace(
         rollout_cfg or RolloutConfig(), protocol=cfg.protocol, temperature=cfg.temperature
@@ -270,9 +276,9 @@ def run_eval(
     util = cfg.vllm_gpu_memory_utilization  # every GPU: no trainer shares them now
     rollout_cfg = for_inference(rollout_cfg, cfg.vllm_servers, util, visible_gpus())
     if backend is None:
-        engine = make_engine(rollout_cfg, policy)
+        engine = make_engine(rollout_cfg, policy, env)
     else:
-        spec = RolloutSpec(model_cfg, str(model_path) if model_path else None, rollout_cfg)
+        spec = RolloutSpec(model_cfg, str(model_path) if model_path else None, rollout_cfg, env)
         engine = backend.engine(policy, spec)
     with engine:  # its servers stop before the next stage starts its own
-        return evaluate(engine, cfg, log_metrics, tasks=tasks, on_rollouts=on_rollouts)
+        return evaluate(engine, cfg, log_metrics, 0, tasks, on_rollouts, env)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rcgrpo.bfcl.tasks import CATEGORIES
+from rcgrpo.evaluation.compare import categories, checks
 
 
 def pyplot():
@@ -34,18 +34,21 @@ def save(fig, axes, path: Path, legend: int = 8) -> Path:
     return path
 
 
-def accuracy_plot(report: dict, path: Path, checker: str = "bfcl"):
-    """Bars per category (+ pooled, category mean) per reward token, Wilson 95% error bars."""
+def accuracy_plot(report: dict, path: Path, checker: str = ""):
+    """Bars per category (+ pooled, category mean) per reward token, Wilson 95% error bars, of
+    `checker` ("" = the report's last check: BFCL's official one)."""
     runs = report.get("runs") or {}
     if not runs:
         return None
     plt = pyplot()
-    labels = [*CATEGORIES, "pooled", "category_mean"]
+    checker = checker or checks(report)[-1]
+    names = categories(report)
+    labels = [*names, "pooled", "category_mean"]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     width = 0.8 / len(runs)
     for i, (token, by_seed) in enumerate(sorted(runs.items())):
         s = by_seed[min(by_seed, key=str)][checker]
-        cells = [s["per_category"].get(c) for c in CATEGORIES] + [s["pooled"], s["category_mean"]]
+        cells = [s["per_category"].get(c) for c in names] + [s["pooled"], s["category_mean"]]
         vals = [100 * c["value"] if c else 0.0 for c in cells]
         lo = [100 * (c["value"] - c["low"]) if c else 0.0 for c in cells]
         hi = [100 * (c["high"] - c["value"]) if c else 0.0 for c in cells]

@@ -1,17 +1,17 @@
-"""Token-in-token-out multi-turn rollout of one BFCL episode, and SFT rendering of a record.
+"""Token-in-token-out multi-turn rollout of one episode of the run's environment.
 
 `AgentLoop` is a small state machine (verl's idea) that an engine drives: `pending()` gives the
 ids to continue from, the engine samples, `feed()` appends the sampled ids (mask 1, with their
-log-probs), parses and executes the calls, and appends the tool observations / next user turn
-as tokens (mask 0). Ids are never re-tokenised: what the trainer sees is what was sampled.
+log-probs), hands the message to the episode, which parses and runs its calls, and appends the
+tool observations / next user turn as tokens (mask 0). Ids are never re-tokenised: what the
+trainer sees is what was sampled.
 
-Protocols:
-* "combined" (paper): one prompt "Step 1: ... Step n: ..." with a `done()` tool; every function
-  is listed from the start; `done()` ends the episode and is not scored.
-* "bfcl" (official): user turns one at a time; in miss_func the held-out functions are listed in
-  the reveal turn's user message; BFCL's per-turn step limit (hitting it ends the episode, as
-  BFCL's force-quit does).
-Stops: done / a message with no parsable call (ends the turn) / step limit / token budget.
+The episode (rcgrpo.rollout.environment.Episode, opened by the environment) owns the prompt
+protocol: the first messages and tools, what a message does, when a turn or the episode ends.
+The loop owns the tokens: the reward goal on the first user message, the chat template, the
+budgets, and tools that become callable mid-episode, described in the user turn that reveals
+them (the system prompt cannot change under token-in-token-out).
+Stops: the episode's (BFCL: done, finished, no_calls) / step limit / token budget / error.
 
     .venv/bin/pytest tests/test_agent_loop.py -q
 """
@@ -20,15 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rcgrpo.bfcl.checkers import score, score_many
-from rcgrpo.bfcl.environment import STEP_LIMIT
-from rcgrpo.bfcl.replay import Verdict
-from rcgrpo.bfcl.tasks import Task, load_split
 from rcgrpo.chat import prompts
 from rcgrpo.chat.record import Provenance, Trajectory
-from rcgrpo.rollout.bfcl_environment import BFCL
 from rcgrpo.rollout.clock import EpisodeClock
-from rcgrpo.rollout.environment import Episode
+from rcgrpo.rollout.environment import Episode, Rewards, Scorer
+
+STEP_LIMIT = 20  # model messages per turn: BFCL's (bfcl_eval MAXIMUM_STEP_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -51,13 +48,14 @@ class Rollout:
     prompt_len: int  # ids[:prompt_len] is the first prompt (reward goal included)
     messages: list[dict]  # the conversation; decode(ids) == chat template rendering of it
     calls: list[list[list[str]]]  # per turn, per step, call strings (checkers' layout)
-    stop_reason: str  # "done" | "no_calls" | "finished" | "step_limit" | "token_budget" | "error"
-    trajectory: Trajectory  # the record, scored with both checkers
+    stop_reason: str  # the episode's, or "step_limit" | "token_budget" | "error"
+    trajectory: Trajectory | None = None  # the record, scored (`results`)
     timing: dict | None = None  # measured wall clock: rcgrpo.rollout.clock.EpisodeClock.record
+    error: str = ""  # why the episode failed, with stop reason "error"
 
     @property
     def reward(self) -> int:
-        return self.trajectory.paper_reward
+        return self.trajectory.reward
 
     @property
     def n_sampled(self) -> int:
@@ -68,30 +66,23 @@ class Rollout:
         return self.mask
 
 
-def first_messages(
-    task: Task, episode: Episode, protocol: str, reward_token: str | None, compact: bool
-) -> tuple[list[dict], list[dict]]:
-    """(messages, tools) of the first prompt; the episode must be at turn 0."""
-    system = prompts.SYSTEM_PROMPT
-    docs = episode.tool_docs()
-    if protocol == "combined":
-        system += prompts.COMBINED_SUFFIX
-        docs = [*docs, prompts.DONE_DOC]
-        user = prompts.combined_request(list(task.turns))
-    else:
-        user = "\n".join(m["content"] for m in task.turns[0])
-    user = prompts.with_reward_goal(user, reward_token)
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    return messages, prompts.tool_entries(docs, compact)
+def opening(episode: Episode, reward_token: str | None, compact: bool):
+    """(messages, tools) of the first prompt, the reward goal on its last user message, the
+    tools as the chat template takes them; the episode must be at no turn yet."""
+    messages, docs = episode.opening()
+    last = messages[-1]
+    goal = {**last, "content": prompts.with_reward_goal(last["content"], reward_token)}
+    return [*messages[:-1], goal], docs, prompts.tool_entries(docs, compact)
 
 
-def with_revealed_docs(task: Task, turn: int, content: str, protocol: str, compact: bool) -> str:
-    """A bfcl-protocol reveal turn's user message with the docs of the functions it reveals."""
-    names = sorted(task.missed_functions.get(turn, []))
-    if protocol != "bfcl" or not names or prompts.NEW_FUNCTIONS_HEADER in content:
+def with_revealed_docs(content: str, docs: list[dict], shown: set[str], compact: bool) -> str:
+    """A user message with the docs of the tools callable now that were not shown yet (added
+    to `shown`); unchanged when there are none or it describes them already."""
+    new = [d for d in docs if d["name"] not in shown]
+    shown.update(d["name"] for d in new)
+    if not new or prompts.NEW_FUNCTIONS_HEADER in content:
         return content
-    docs = [d for d in task.function_docs if d["name"] in names]
-    return content + prompts.NEW_FUNCTIONS_HEADER + prompts.tools_text(docs, compact)
+    return content + prompts.NEW_FUNCTIONS_HEADER + prompts.tools_text(new, compact)
 
 
 class AgentLoop:
@@ -99,26 +90,19 @@ class AgentLoop:
 
     def __init__(
         self,
-        task: Task,
+        episode: Episode,
         renderer: prompts.Renderer,
-        protocol: str = "combined",
         reward_token: str | None = None,
         limits: Limits = Limits(),
         compact_docs: bool = True,
         provenance: Provenance | None = None,
-        sandbox=None,
     ):
-        if protocol not in ("bfcl", "combined"):
-            raise ValueError(f"protocol must be 'bfcl' or 'combined', got {protocol!r}")
-        self.task, self.renderer, self.protocol, self.limits = task, renderer, protocol, limits
+        self.episode, self.renderer, self.limits = episode, renderer, limits
+        self.task, self.protocol = episode.task, episode.protocol
         self.reward_token, self.compact = reward_token, compact_docs
         self.provenance = provenance or Provenance(generator="rollout")
-        # sandbox: the tool worker of this episode (None: this thread's, rcgrpo.bfcl.sandbox)
-        self.episode = BFCL.episode(task, protocol, limits.max_steps, sandbox)
-        self.episode.begin_turn(0)
-        self.messages, self.tools = first_messages(
-            task, self.episode, protocol, reward_token, compact_docs
-        )
+        self.messages, docs, self.tools = opening(episode, reward_token, compact_docs)
+        self.shown = {d["name"] for d in docs}  # tools described to the model so far
         self.ids = renderer.prompt(self.messages, self.tools)
         self.prompt_len = len(self.ids)
         self.mask = [0] * len(self.ids)
@@ -173,13 +157,13 @@ class AgentLoop:
             message["tool_calls"] = [str(c) for c in step.calls]
         self.messages.append(message)
         if not step.calls:  # prose or unparsable: the turn ends (BFCL: decode failure ends it)
-            return self._end_turn("no_calls")
+            return self._end_turn()
         # only calls that ran are scored: a refused, unparsable or killed call changed nothing
         executed = [str(c) for c, e in zip(step.calls, step.executed, strict=True) if e]
-        if executed:  # a bare done() is not a step of the trajectory
+        if executed:  # a call that ran nothing (BFCL's done()) is not a step of the trajectory
             self.calls[-1].append(executed)
-        if any(c.name == "done" for c in step.calls) and self.protocol == "combined":
-            return self._finish("done")
+        if step.stop:
+            return self._finish(step.stop)
         self.pending_messages += [{"role": "tool", "content": o} for o in step.observations]
         if self.episode.steps_left <= 0:
             return self._finish("step_limit")
@@ -191,14 +175,13 @@ class AgentLoop:
         self.mask += [mask] * len(ids)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
 
-    def _end_turn(self, reason: str) -> None:
-        if self.protocol == "combined" or self.episode.turn + 1 >= self.episode.n_turns:
-            return self._finish(reason if self.protocol == "combined" else "finished")
-        user = self.episode.begin_turn()
-        turn = self.episode.turn
-        last = with_revealed_docs(self.task, turn, user[-1]["content"], "bfcl", self.compact)
-        user = [*user[:-1], {**user[-1], "content": last}]
-        self.pending_messages += user
+    def _end_turn(self) -> None:
+        user = self.episode.next_turn()
+        if isinstance(user, str):  # the episode is over, this is why
+            return self._finish(user)
+        docs = self.episode.tool_docs()
+        last = with_revealed_docs(user[-1]["content"], docs, self.shown, self.compact)
+        self.pending_messages += [*user[:-1], {**user[-1], "content": last}]
         self.calls.append([])
         self._continue()
 
@@ -224,32 +207,10 @@ class AgentLoop:
         self.pending_messages = []  # never shown to the model: not part of the record
         self._append(self.renderer.encode(self.renderer.after_stop), 0)
 
-    def result(self, verdicts: tuple[Verdict, Verdict] | None = None) -> Rollout:
-        """The finished rollout, scored here unless `verdicts` = (paper, bfcl) are given
-        (`results` scores a whole batch of loops in one request to the sandbox worker)."""
+    def rollout(self) -> Rollout:
+        """The finished episode, not scored yet (`results` scores a batch and records it)."""
         if not self.stop_reason:
             raise RuntimeError(f"{self.task.id}: episode still running")
-        if self.stop_reason == "error":  # a failed episode scores 0 on both, with its reason
-            paper = bfcl = Verdict(False, None, f"episode failed: {self.error}")
-        else:
-            paper, bfcl = verdicts or score(self.task, self.calls, self.protocol)
-        trajectory = Trajectory(
-            task_id=self.task.id,
-            category=self.task.category,
-            split=load_split()[self.task.id],
-            protocol=self.protocol,
-            messages=self.messages,
-            calls=self.calls,
-            paper_reward=paper.reward,
-            bfcl_reward=bfcl.reward,
-            provenance=self.provenance,
-            reward_token=self.reward_token,
-            reward_reason={
-                "paper": paper.to_dict(),
-                "bfcl": bfcl.to_dict(),
-                "stop": self.stop_reason,
-            },
-        )
         return Rollout(
             self.task.id,
             self.protocol,
@@ -261,40 +222,32 @@ class AgentLoop:
             self.messages,
             self.calls,
             self.stop_reason,
-            trajectory,
-            self.clock.record(),
+            timing=self.clock.record(),
+            error=self.error,
+        )
+
+    def record(self, rewards: Rewards) -> Trajectory:
+        """The episode's record with its scores (the reasons, then the stop reason)."""
+        return Trajectory(
+            task_id=self.task.id,
+            category=self.task.category,
+            split=self.episode.split,
+            protocol=self.protocol,
+            messages=self.messages,
+            calls=self.calls,
+            reward=int(rewards.train),
+            checks=dict(rewards.checks),
+            provenance=self.provenance,
+            reward_token=self.reward_token,
+            reward_reason={**rewards.reasons, "stop": self.stop_reason},
         )
 
 
-def results(loops: list[AgentLoop]) -> list[Rollout]:
-    """`result()` of every finished loop, scored in one request per protocol.
-
-    One round trip to the sandbox worker per trajectory costs ~0.2 ms of process switches on
-    top of ~0.25 ms of replay; a rollout batch (an RL step's n x G episodes, an evaluation
-    shard) shares them (bench/executor.py, the k = 40 row). Verdicts equal `result()`'s.
-    """
-    verdicts: list = [None] * len(loops)
-    for protocol in dict.fromkeys(loop.protocol for loop in loops):
-        index = [i for i, loop in enumerate(loops) if loop.protocol == protocol]
-        scored = _score_each_alone_on_failure(
-            [(loops[i].task, loops[i].calls) for i in index], protocol
-        )
-        for i, verdict in zip(index, scored, strict=True):
-            verdicts[i] = verdict
-    return [loop.result(v) for loop, v in zip(loops, verdicts, strict=True)]
-
-
-def _score_each_alone_on_failure(items, protocol: str) -> list[tuple[Verdict, Verdict]]:
-    """`score_many`; if the batch raises (a trusted replay that overruns its limit in a rebuilt
-    worker), each trajectory is scored alone and the one that raises fails with the reason."""
-    try:
-        return score_many(items, protocol)
-    except Exception:  # noqa: BLE001 - find the trajectory at fault below
-        out = []
-        for task, calls in items:
-            try:
-                out.append(score(task, calls, protocol))
-            except Exception as e:  # noqa: BLE001 - this trajectory's failure, with its reason
-                failed = Verdict(False, None, f"scoring failed: {type(e).__name__}: {e}")
-                out.append((failed, failed))
-        return out
+def results(loops: list[AgentLoop], scorer: Scorer) -> list[Rollout]:
+    """The rollouts of finished loops, scored by `scorer` in one batch (an environment that
+    scores elsewhere, BFCL's sandbox worker, shares the round trips), each with its record."""
+    rollouts = [loop.rollout() for loop in loops]
+    scores = scorer.batch([(loop.task, r) for loop, r in zip(loops, rollouts, strict=True)])
+    for loop, r, rewards in zip(loops, rollouts, scores, strict=True):
+        r.trajectory = loop.record(rewards)
+    return rollouts

@@ -3,8 +3,8 @@ and when its tool calls ran, as the agent loop lives through them.
 
 Why here and not in the trace writer: a rollout batch interleaves many episodes in one engine
 call, so only the loop that feeds an episode knows when its own message came back and how long
-its own calls took; the per-call seconds are measured in the tool worker around each dispatch
-(rcgrpo.bfcl.environment.LocalEpisode.step). rcgrpo.tracking lays the spans out from `record()`.
+its own calls took; the per-call seconds are the episode's step result's, where it measures
+them (BFCL: in the tool worker, around each dispatch). rcgrpo.tracking lays the spans out from `record()`.
 
     clock = EpisodeClock(); clock.sampled(); clock.tools_started(); clock.tools_done(step)
     .venv/bin/pytest tests/test_traces.py -q -k timed
@@ -38,8 +38,11 @@ class EpisodeClock:
         self.messages[-1][2] = time.time_ns()
 
     def tools_done(self, step) -> None:
-        """step: the environment's Step, with `seconds` and `overran` per call."""
-        seconds = [None if o else t for o, t in zip(step.overran, step.seconds, strict=True)]
+        """step: the episode's step result; its optional `seconds` and `overran` per call (an
+        environment that does not time its calls: 0.0 each)."""
+        took = getattr(step, "seconds", None) or [0.0] * len(step.calls)
+        overran = getattr(step, "overran", None) or [False] * len(took)
+        seconds = [None if o else t for o, t in zip(overran, took, strict=True)]
         self.messages[-1][3:] = [time.time_ns(), seconds]
 
     def ready(self) -> None:

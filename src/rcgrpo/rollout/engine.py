@@ -1,7 +1,9 @@
-"""The rollout engine interface: many BFCL episodes in flight, batched generation underneath.
+"""The rollout engine interface: many episodes in flight, batched generation underneath.
 
 `Engine.rollout(tasks, reward_tokens, protocol, seed)` runs one AgentLoop per task (repeat a
-task G times for a GRPO group) until all episodes are over, through the scheduler that
+task G times for a GRPO group) on an episode the run's environment opens (its tool calls in the
+environment's workers, one set per engine) until all episodes are over, scores them in one
+batch with the environment's scorer, through the scheduler that
 rollout.scheduler names (rcgrpo.rollout.scheduler: `async`, every episode in flight at once up to
 rollout.max_in_flight, or `lockstep` rounds). The engine-specific parts: `generate` (a batch of
 prompts, one message each), `client` (how the async scheduler reaches the model: rounds of
@@ -12,7 +14,7 @@ share its batch. After each call `last_stats` holds what it cost (prompt tokens 
 prefilled, prefix-cache hit rate, busy fraction): the RL step logs them.
 
     from rcgrpo.rollout.execution import make_engine
-    engine = make_engine(RolloutConfig(), policy)
+    engine = make_engine(RolloutConfig(), policy, environment)   # rcgrpo.envs.get(rc.env)
     rollouts = engine.rollout(tasks, reward_tokens=["<|high_reward|>"] * len(tasks), seed=0)
 """
 
@@ -23,14 +25,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from rcgrpo.bfcl.tasks import Task
 from rcgrpo.chat.prompts import Renderer
 from rcgrpo.chat.record import Provenance
 from rcgrpo.rollout import scheduler
-from rcgrpo.rollout.agent_loop import AgentLoop, Rollout
+from rcgrpo.rollout.agent_loop import AgentLoop, Rollout, opening
 from rcgrpo.rollout.agent_loop import results as scored_results
 from rcgrpo.rollout.config import RolloutConfig
-from rcgrpo.rollout.scheduler import Clock, RoundBatcher, ToolPool
+from rcgrpo.rollout.environment import Environment
+from rcgrpo.rollout.scheduler import Clock, RoundBatcher
 
 
 @dataclass
@@ -50,15 +52,15 @@ class Engine:
     # log softmax, 1); None for an engine without them (rl.behaviour_logprobs=engine refuses it)
     logprobs_temperature: float | None = 1.0
 
-    def __init__(self, cfg: RolloutConfig, policy):
+    def __init__(self, cfg: RolloutConfig, policy, env: Environment):
         self.cfg = cfg.for_policy(policy)  # 0 token limits = the profile's budgets
-        self.policy = policy
+        self.policy, self.env = policy, env
         self.renderer = Renderer(policy.tokenizer, policy.stop_id, getattr(policy, "also_stop", ()))
         self.generated_tokens = 0  # running count, for benchmarks and logs
         self.prompt_tokens = 0  # running count of the prompt tokens of every request
         self.prefilled_tokens = 0  # of those, the ones the model computed (no cache hit)
         self.busy = Clock()  # time during which the model had a request in progress
-        self.tools = ToolPool(self.cfg.tool_workers)  # async: tool calls of episodes at once
+        self.tools = env.workers(self.cfg.tool_workers)  # async: tool calls of episodes at once
         self.in_flight_max = 0  # most episodes in flight at once in the last rollout
         self.last_stats: dict[str, float] = {}  # the last rollout's engine metrics
         self._count = threading.Lock()  # the running counts, updated from many threads
@@ -96,7 +98,7 @@ class Engine:
 
     def rollout(
         self,
-        tasks: Sequence[Task],
+        tasks: Sequence,
         reward_tokens: Sequence[str | None] | str | None = None,
         protocol: str | None = None,
         seed: int = 0,
@@ -112,16 +114,15 @@ class Engine:
         protocol = protocol or self.cfg.protocol
         provenance = Provenance(generator="rollout", model=self.policy.name, seed=seed)
 
-        def make_loop(i: int, sandbox=None) -> AgentLoop:
+        def make_loop(i: int, worker=None) -> AgentLoop:
+            episode = self.env.episode(tasks[i], protocol, self.cfg.limits.max_steps, worker)
             return AgentLoop(
-                tasks[i],
+                episode,
                 self.renderer,
-                protocol,
                 reward_tokens[i],
                 self.cfg.limits,
                 self.policy.compact_docs,
                 replace(provenance),
-                sandbox=sandbox,
             )
 
         before, start = self.counters(), time.perf_counter()
@@ -131,10 +132,10 @@ class Engine:
             scheduler.lockstep(self, loops, seed, first_index)
         else:
             loops = scheduler.run_async(
-                self, lambda i: make_loop(i, self.tools.sandbox(i)), len(tasks), seed, first_index
+                self, lambda i: make_loop(i, self.tools.worker(i)), len(tasks), seed, first_index
             )
         wall = time.perf_counter() - start
-        results = scored_results(loops)  # one scoring request for the whole batch
+        results = scored_results(loops, self.env.scorer(protocol))  # the batch scored at once
         check_sampled(results, self.cfg.max_total_tokens)
         self.last_stats = self.stats(before, self.counters(), wall)
         # episodes that failed on their own (agent_loop.AgentLoop.feed): counted, not raised
@@ -144,20 +145,14 @@ class Engine:
         return results
 
     def prompt_lengths(
-        self, tasks: Sequence[Task], reward_token: str | None = None, protocol: str | None = None
+        self, tasks: Sequence, reward_token: str | None = None, protocol: str | None = None
     ) -> list[int]:
         """Tokens of each task's first prompt as `rollout` would send it (its reward goal, the
         profile's tool docs): check them against cfg.max_total_tokens before rolling out."""
-        from rcgrpo.rollout.agent_loop import first_messages
-        from rcgrpo.rollout.bfcl_environment import BFCL
-
         protocol, lengths = protocol or self.cfg.protocol, []
         for task in tasks:
-            episode = BFCL.episode(task, protocol)
-            episode.begin_turn(0)
-            messages, tools = first_messages(
-                task, episode, protocol, reward_token, self.policy.compact_docs
-            )
+            episode = self.env.episode(task, protocol, self.cfg.limits.max_steps)
+            messages, _, tools = opening(episode, reward_token, self.policy.compact_docs)
             lengths.append(len(self.renderer.prompt(messages, tools)))
         return lengths
 

@@ -10,8 +10,9 @@ engine's log-probs can differ in the last bits (another batch composition, other
 which is why tests/test_execution.py compares them to 1e-5.
 
 Ray workers are actors (`RolloutWorker`) that build their own policy and engine from what is
-sent (ModelConfig, model path, RolloutConfig; task ids; for RL the trainable weights of the
-current step as one object-store entry): nothing live or unpicklable crosses. A worker that dies
+sent (ModelConfig, model path, RolloutConfig, the run's environment; task ids, which the worker
+looks up with `env.task(id)`; for RL the trainable weights of the current step as one
+object-store entry): nothing live or unpicklable crosses. A worker that dies
 is restarted by Ray (max_restarts) and its shard retried (max_task_retries); results are
 gathered by shard index, so nothing is lost or duplicated.
 
@@ -21,7 +22,7 @@ run per shard would need the Prefect API reachable from every cluster node and a
 record per shard; the stage stays one Prefect task and one MLflow run, tagged with the Ray job.
 
     with session(ExecutionConfig(backend="ray")) as backend:
-        engine = backend.engine(policy, RolloutSpec(model_cfg, model_path, rollout_cfg))
+        engine = backend.engine(policy, RolloutSpec(model_cfg, model_path, rollout_cfg, env))
         rollouts = engine.rollout(tasks, reward_tokens, protocol, seed)
 """
 
@@ -65,16 +66,18 @@ class ExecutionConfig:
 @dataclass(frozen=True)
 class RolloutSpec:
     """What a worker needs to build its engine: the policy's config and saved folder (None: the
-    base model) and the rollout settings."""
+    base model), the rollout settings and the run's environment (pickled with its settings:
+    BFCL's sandbox limits travel with it, not in an env var)."""
 
     model: object  # rcgrpo.models.profiles.ModelConfig
     path: str | None
     rollout: object  # rcgrpo.rollout.config.RolloutConfig
+    env: object  # rcgrpo.rollout.environment.Environment
 
 
-def make_engine(cfg, policy, device: str | None = None):
+def make_engine(cfg, policy, env, device: str | None = None):
     """The engine a RolloutConfig names: "hf" (transformers) or "vllm" (imported only here),
-    on `device` (default: the policy's). One process per GPU (rcgrpo.training.distributed):
+    rolling out episodes of `env` (the run's environment), on `device` (default: the policy's). One process per GPU (rcgrpo.training.distributed):
     each rank builds its own, on its own device. The HF engine samples from the policy's model
     itself, so `device` must be the model's; a vLLM server is pinned to that GPU."""
     device = policy.config.device if device in (None, "auto") else device
@@ -88,7 +91,7 @@ def make_engine(cfg, policy, device: str | None = None):
         on = sleep_mode(cfg, policy.config.profile, cuda())  # None: on for hub profiles on CUDA
         cfg = dataclasses.replace(cfg, vllm_sleep_mode=on)
 
-        return VLLMEngine(cfg, policy, device=device)
+        return VLLMEngine(cfg, policy, env, device=device)
     from rcgrpo.rollout.hf import HFEngine
 
     model_device = str(next(policy.model.parameters()).device)
@@ -97,7 +100,7 @@ def make_engine(cfg, policy, device: str | None = None):
             f"the HF engine samples from the policy's model, which is on {model_device}, "
             f"not on {device}: load the policy on the engine's device (model.device)"
         )
-    return HFEngine(cfg, policy)
+    return HFEngine(cfg, policy, env)
 
 
 def shard_bounds(n: int, size: int, group: int = 1) -> list[tuple[int, int]]:
@@ -117,14 +120,12 @@ def _load(spec: RolloutSpec):
 
     apply_defaults()
     policy = load_policy(spec.model, adapter_path=spec.path)
-    return policy, make_engine(spec.rollout, policy)
+    return policy, make_engine(spec.rollout, policy, spec.env)
 
 
 def run_shard(engine, task_ids, tokens, protocol, seed, first_index):
-    """(rollouts, the engine's metrics) of one shard."""
-    from rcgrpo.bfcl.tasks import get_task
-
-    tasks = [get_task(t) for t in task_ids]
+    """(rollouts, the engine's metrics) of one shard; its tasks by id from the engine's env."""
+    tasks = [engine.env.task(t) for t in task_ids]
     out = engine.rollout(tasks, list(tokens), protocol, seed, first_index=first_index)
     return out, dict(engine.last_stats)
 
@@ -189,11 +190,7 @@ class ShardedEngine:
 class RolloutWorker:
     """A Ray actor: one policy + engine, built from a RolloutSpec; serves shards."""
 
-    def __init__(self, spec: RolloutSpec, env=None):
-        if env is not None:  # the run's `env:` section, for this worker's tool sandboxes
-            from rcgrpo.bfcl import sandbox
-
-            sandbox.use(env)
+    def __init__(self, spec: RolloutSpec):
         self.policy, self.engine = _load(spec)
         self.version, self.busy = 0, False
 
@@ -227,7 +224,7 @@ class Backend:
     def engine(self, policy, spec: RolloutSpec, group: int = 1, local_engine=None):
         """A ShardedEngine: local (local_engine, or one built on `policy`) or on Ray workers."""
         if self.ray is None:
-            local = local_engine or make_engine(spec.rollout, policy)
+            local = local_engine or make_engine(spec.rollout, policy, spec.env)
             return ShardedEngine(local, group=group, shard_size=self.cfg.shard_size)
         cfg, ray = self.cfg, self.ray
 
@@ -244,10 +241,7 @@ class Backend:
             max_restarts=cfg.max_retries,
             max_task_retries=cfg.max_retries,
         )
-        from rcgrpo.bfcl.sandbox import configured
-
-        env = configured()  # the run's `env:` travels with each actor, not in an env var
-        actors = [cls.options(**opts).remote(spec, env) for _ in range(cfg.workers)]
+        actors = [cls.options(**opts).remote(spec) for _ in range(cfg.workers)]
         self.actors += actors
         return ShardedEngine(actors=actors, group=group, shard_size=cfg.shard_size)
 

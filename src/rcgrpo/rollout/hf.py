@@ -125,8 +125,8 @@ def cache_kwarg(model) -> str:
 class HFEngine(Engine):
     """Batched generation straight from the policy's model object (no copy: `sync` is free)."""
 
-    def __init__(self, cfg: RolloutConfig, policy):
-        super().__init__(cfg, policy)
+    def __init__(self, cfg: RolloutConfig, policy, env):
+        super().__init__(cfg, policy, env)
         self.pad_id = policy.tokenizer.pad_token_id
         self.prefixes: PrefixStore | None = None  # set only while `rollout` runs
 

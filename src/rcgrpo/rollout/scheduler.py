@@ -7,8 +7,9 @@ calls one after the other; the next round starts when every episode of this one 
 `run_async` (rollout.scheduler: async): each episode runs in its own thread, from its first
 prompt to its end: request a message, execute its calls, request the next one. At most
 `max_in_flight` episodes run at once; a finished one hands its slot to the next episode at once.
-Tool calls run in a pool of sandbox workers (`ToolPool`, episode i in worker i mod k), so the
-tool calls of different episodes run concurrently and overlap generation. How a request reaches
+Tool calls run in the environment's tool workers (`Environment.workers`: episode i in worker i;
+BFCL's are k sandbox processes, i mod k), so the tool calls of different episodes run
+concurrently and overlap generation. How a request reaches
 the model is the engine's `client`:
 * a server engine (vLLM) sends each request as it comes (the server batches whatever is
   running, iteration by iteration);
@@ -26,7 +27,6 @@ Sampling seeds are per (seed, episode index, step), so no scheduler changes what
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -91,29 +91,6 @@ class Flight:
         with self.cond:
             self.error = self.error or error
             self.cond.notify_all()
-
-
-class ToolPool:
-    """k sandbox workers (rcgrpo.bfcl.sandbox), started on first use and kept by the engine:
-    episode i executes its calls in worker i mod k, so k tool calls can run at once."""
-
-    def __init__(self, k: int = 0):
-        self.k = k or min(16, os.cpu_count() or 1)  # 0: one per core, at most 16 processes
-        self._sandboxes: list = []
-        self._lock = threading.Lock()
-
-    def sandbox(self, index: int):
-        from rcgrpo.bfcl.sandbox import Sandbox, configured
-
-        with self._lock:
-            while len(self._sandboxes) < self.k:
-                self._sandboxes.append(Sandbox(configured()))
-            return self._sandboxes[index % self.k]
-
-    def close(self) -> None:
-        for sandbox in self._sandboxes:
-            sandbox.close()
-        self._sandboxes = []
 
 
 def run_async(

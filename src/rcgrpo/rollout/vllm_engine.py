@@ -73,11 +73,12 @@ class VLLMEngine(Engine):
         self,
         cfg: RolloutConfig,
         policy,
+        env,
         workdir: str | Path | None = None,
         dev_routes: bool = False,
         device: str | None = None,
     ):
-        super().__init__(cfg, policy)
+        super().__init__(cfg, policy, env)
         self.dev_routes = dev_routes  # benchmarks: /reset_prefix_cache between configurations
         # one process per GPU: this rank's device; its one server runs on that GPU
         self.device = device or getattr(policy.config, "device", None)

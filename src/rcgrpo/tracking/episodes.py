@@ -170,3 +170,19 @@ def clip(text: str, limit: int) -> str:
     if not limit or len(text) <= limit:
         return text
     return f"{text[:limit]} ... [{len(text) - limit} more characters]"
+
+
+def check_fields(record) -> tuple[dict, dict]:
+    """({"reward": the record's reward, "reward_<check>": value of every other check},
+    {"reason": .., "failing_turn": .., "reason_<check>": ..}) of a scored record: its first
+    check is its reward (BFCL: reward = paper R, reward_bfcl; the calculator: reward_used_tool)."""
+    reasons = record.reward_reason or {}
+
+    def why(name: str) -> dict:
+        reason = reasons.get(name)
+        return reason if isinstance(reason, dict) else {"reason": reason or ""}
+
+    first, *rest = list(record.checks) or [""]
+    values = {"reward": record.reward, **{f"reward_{n}": record.checks[n] for n in rest}}
+    told = {"reason": why(first).get("reason", ""), "failing_turn": why(first).get("failing_turn")}
+    return values, {**told, **{f"reason_{n}": why(n).get("reason", "") for n in rest}}

@@ -12,7 +12,8 @@ the run's ids/versions, and writes into `reports/<run>/`:
     summary.md          versions; success on the RL tasks before and after RL (what RL changed)
                         with the controllability gap; per RL task, the MLflow traces of one
                         successful and one failed episode before and after RL; the RL curves
-                        in numbers; held-out accuracy beside the paper's Table 1; the plots
+                        in numbers; held-out accuracy (BFCL: beside the paper's Table 1); the
+                        plots
 
 No mlflow or prefect here (flows/pipeline.py logs the folder to MLflow). matplotlib is imported
 inside the plotting function with the Agg backend (no display on servers).
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rcgrpo.evaluation.compare import checks
 from rcgrpo.evaluation.plots import accuracy_plot, pyplot, save
 
 PAPER_TABLE1 = {  # pooled accuracy (%) on the 80 test tasks, Qwen2.5-7B / Llama-3.1-8B
@@ -65,9 +67,10 @@ def moving_average(points: list[tuple[int, float]], window: int = 5) -> list[tup
     return out
 
 
-def _pooled(report: dict, token: str, checker: str = "paper") -> dict | None:
+def _pooled(report: dict, token: str) -> dict | None:
+    """The pooled accuracy of the report's first check (its reward: BFCL's paper R)."""
     by_seed = (report.get("runs") or {}).get(token) or {}
-    return by_seed[min(by_seed, key=str)][checker]["pooled"] if by_seed else None
+    return by_seed[min(by_seed, key=str)][checks(report)[0]]["pooled"] if by_seed else None
 
 
 def _count(a: dict | None) -> str:
@@ -82,10 +85,11 @@ def rl_tasks_markdown(rl_tasks: dict, rl: dict) -> list[str]:
     if rl_tasks:
         tokens = sorted({t for r in rl_tasks.values() for t in (r.get("runs") or {})})
         first = next(iter(rl_tasks.values()))
+        check = (checks(first) or ["-"])[0]
         lines += [
             "## On the tasks RL trained on: before and after RL",
             "",
-            f"{first.get('n_tasks')} tasks, `paper` checker (R = R_state x R_action), "
+            f"{first.get('n_tasks')} tasks, `{check}` check (the reward), "
             f"protocol `{first.get('protocol')}`, greedy; % [Wilson 95%]",
             "",
             "| reward goal | before RL | after RL |",
@@ -94,7 +98,7 @@ def rl_tasks_markdown(rl_tasks: dict, rl: dict) -> list[str]:
         for token in tokens:
             cells = [_count(_pooled(rl_tasks.get(w, {}), token)) for w in ("before", "after")]
             lines.append(f"| {token} | {cells[0]} | {cells[1]} |")
-        gaps = [(rl_tasks.get(w, {}).get("gap") or {}).get("paper") for w in ("before", "after")]
+        gaps = [(rl_tasks.get(w, {}).get("gap") or {}).get(check) for w in ("before", "after")]
         if any(gaps):
             cells = [f"{100 * g['mean']:+.1f} points" if g else "-" for g in gaps]
             lines.append(f"| gap (high - low) | {cells[0]} | {cells[1]} |")
@@ -205,7 +209,7 @@ def summary_markdown(
                 )
         for checker, gap in (report.get("gap") or {}).items():
             lines.append(f"\ncontrollability gap ({checker}): {100 * gap['mean']:+.1f} points")
-        if info.get("profile") == "tiny":
+        if info.get("profile") == "tiny" and info.get("env", "bfcl") == "bfcl":
             lines.append(
                 "\nRead this honestly: the `tiny` profile is a 1M-parameter model fine-tuned for "
                 "minutes on a handful of short tasks. It is not expected to solve held-out BFCL "
@@ -213,7 +217,18 @@ def summary_markdown(
                 "A 7B profile on a GPU is what compares with the paper."
             )
         lines.append("")
-    lines += [
+    if info.get("env", "bfcl") == "bfcl":  # the paper's numbers are BFCL's
+        lines += paper_table()
+    if table:
+        lines += ["", "## Evaluation table", "", table]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def paper_table() -> list[str]:
+    """The paper's Table 1 beside which BFCL's held-out accuracy reads."""
+    lines = [
         "## The paper's Table 1 (pooled %, n = 80; one s.e. is about 4-5 points)",
         "",
         "| method | Qwen2.5-7B | Llama-3.1-8B |",
@@ -222,11 +237,7 @@ def summary_markdown(
     lines += [f"| {m} | {q:.2f} | {ll:.2f} |" for m, (q, ll) in PAPER_TABLE1.items()]
     lines.append("\nCompare like with like: the paper's rows are 7B/8B models. The pooled")
     lines.append("`paper` checker row under the headline goal and protocol is the paper's metric.")
-    if table:
-        lines += ["", "## Evaluation table", "", table]
-    if plots:
-        lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def write_report(

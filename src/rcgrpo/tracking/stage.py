@@ -31,7 +31,7 @@ CONFIG_FILE = "run_config.json"
 
 def stage_config(rc: RunConfig, stage: str) -> dict:
     """The sections a stage runs under, as its MLflow run records them (params, config.json)."""
-    names = [stage, "model"] + (["rollout", "traces", "execution", "env"] if stage == "rl" else [])
+    names = [stage, "model", "env"] + (["rollout", "traces", "execution"] if stage == "rl" else [])
     return {name: dataclasses.asdict(getattr(rc, name)) for name in names}
 
 
@@ -70,7 +70,6 @@ def run_stage(
     """Train `stage`; every step goes to MLflow run `run_id` (None: a run of its own named after
     the stage, which also gets the model). On `rc.plan.procs` > 1 or `rc.plan.nodes` > 1
     outside torchrun: launch (this node's agent: `node_rank`)."""
-    from rcgrpo.bfcl import sandbox
     from rcgrpo.training import distributed
     from rcgrpo.training.checkpoint import check_writable
 
@@ -78,7 +77,6 @@ def run_stage(
     check_writable(cfg.out_dir)  # before any run opens or any file is written: one line
     if rc.plan.procs * rc.plan.nodes > 1 and not distributed.launched():
         return launch(stage, rc, run_id, resume, node_rank)
-    sandbox.use(rc.env)  # before any tool worker starts
     if not distributed.is_main():
         return _train(stage, rc, None, resume)
     from rcgrpo.training.checkpoint import check_writable
@@ -94,12 +92,15 @@ def run_stage(
 
 
 def _train(stage: str, rc: RunConfig, run_id: str | None, resume: bool | str) -> Path:
+    from rcgrpo.envs import get
+
     cfg = stage_section(rc, stage)
     log = headline(stage, total_steps(stage, cfg), run_id)
+    env = get(rc.env)  # the run's environment; its limits before any tool worker starts
     if stage != "rl":
         from rcgrpo.training.sft import run_sft
 
-        return Path(run_sft(cfg, rc.model, log_metrics=log, resume=resume))
+        return Path(run_sft(cfg, rc.model, env, log_metrics=log, resume=resume))
     from rcgrpo.rollout.execution import session
     from rcgrpo.training.grpo.run import rl_tags, run_rl
 
@@ -111,6 +112,7 @@ def _train(stage: str, rc: RunConfig, run_id: str | None, resume: bool | str) ->
         final = run_rl(
             cfg,
             rc.model,
+            env,
             rc.rollout,
             log_metrics=log,
             backend=backend,

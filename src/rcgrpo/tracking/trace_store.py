@@ -7,7 +7,7 @@ rewards, checker reasons, stop reason), a CHAIN span per turn, an LLM span per m
 (the parsed call in, the observation out, status ERROR for an error observation). The trace
 metadata `mlflow.sourceRun` links it to the run (the run's Traces tab, `search_traces(run_id=)`);
 the tags make it searchable (`tags.task_id = '...' AND tags.reward = '1'`). An episode that
-failed (paper R = 0) has the trace state ERROR with the checker's reason, so failures stand out
+failed (reward 0; BFCL: paper R = 0) has the trace state ERROR with the checker's reason, so failures stand out
 in the UI's trace list; the state says nothing about the code, which ran either way.
 
 Why not MLflow's span API (`MlflowClient.start_trace/start_span`): it exports span by span
@@ -36,7 +36,7 @@ from mlflow.entities import Span, TraceInfo, TraceLocation, TraceState
 from mlflow.tracing.client import TracingClient
 from mlflow.tracing.constant import SpanAttributeKey, TraceMetadataKey, TraceTagKey
 
-from rcgrpo.tracking.episodes import Message, Turn, clip, episode_tree
+from rcgrpo.tracking.episodes import Message, Turn, check_fields, clip, episode_tree
 
 
 def _b64(raw: bytes) -> str:
@@ -176,18 +176,16 @@ def build_trace(
     b = _Builder(trace_id, raw, max_chars)
     turns: list[Turn] = episode_tree(rollout)
     record = rollout.trajectory
-    reasons = record.reward_reason or {}
+    values, reasons = check_fields(record)
     prompt = turns[0].user if turns else ""
     inputs = {"task_id": record.task_id, "reward_goal": record.reward_token, "prompt": prompt}
     outputs = {
-        "reward": record.paper_reward,
-        "reward_bfcl": record.bfcl_reward,
-        "reason": (reasons.get("paper") or {}).get("reason", ""),
-        "reason_bfcl": (reasons.get("bfcl") or {}).get("reason", ""),
-        "stop": reasons.get("stop", rollout.stop_reason),
+        **values,
+        **{k: v for k, v in reasons.items() if k != "failing_turn"},
+        "stop": (record.reward_reason or {}).get("stop", rollout.stop_reason),
         "calls": record.calls,
     }
-    failed = not record.paper_reward  # the trace state shows it: failures stand out in the list
+    failed = not record.reward  # the trace state shows it: failures stand out in the list
     timing = getattr(rollout, "timing", None) or {}
     if timing.get("end") and all(m.window for t in turns for m in t.messages):
         window = (timing["start"], timing["end"])  # the episode's own measured wall time
@@ -230,7 +228,7 @@ def build_trace(
         execution_duration=(window[1] - window[0]) // 1_000_000,
         state=TraceState.ERROR if failed else TraceState.OK,
         request_preview=clip(prompt, 1000),
-        response_preview=f"reward {record.paper_reward}: {outputs['reason'] or 'passed'}"[:1000],
+        response_preview=f"reward {record.reward}: {outputs['reason'] or 'passed'}"[:1000],
         trace_metadata=metadata,
         tags={
             TraceTagKey.TRACE_NAME: name,

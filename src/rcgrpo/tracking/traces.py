@@ -12,7 +12,8 @@ evaluation hook receives each pass's rollouts. Sampling (params.yaml `traces:`, 
     evaluation  every eval_every-th episode (default 1: all of them)
 
 Each trace is tagged (strings, searchable with `mlflow.search_traces(filter_string=...)`):
-task_id, category, goal (high | low | none), reward (paper R, "0" | "1"), reward_bfcl, outcome
+task_id, category, goal (high | low | none), reward ("0" | "1"; BFCL: the paper R), one
+reward_<check> per other check of the environment (BFCL: reward_bfcl), outcome
 (success | failure), stage (rl, or the evaluation run's name, e.g. eval_rl_tasks_before),
 protocol, variant, and rl_step / policy_version / group (RL) or seed (evaluation); the root span
 carries the same as typed attributes plus the checker's reason, the advantage and token counts.
@@ -30,6 +31,7 @@ from collections.abc import Callable
 
 from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.fields import config_class, ranged, setting
+from rcgrpo.tracking.episodes import check_fields
 
 GOALS = {HIGH: "high", LOW: "low", None: "none"}
 
@@ -76,25 +78,21 @@ def _recorded(rollout) -> bool:
 def _common(rollout, goal: str) -> tuple[dict, dict]:
     """(attributes, tags) every episode trace has."""
     record = rollout.trajectory
-    reasons = record.reward_reason or {}
+    values, reasons = check_fields(record)
     attributes = {
         "task_id": record.task_id,
         "category": record.category,
         "goal": goal,
-        "reward": record.paper_reward,
-        "reward_bfcl": record.bfcl_reward,
-        "reason": (reasons.get("paper") or {}).get("reason", ""),
-        "failing_turn": (reasons.get("paper") or {}).get("failing_turn"),
+        **values,
+        "reason": reasons["reason"],
+        "failing_turn": reasons["failing_turn"],
         "stop_reason": rollout.stop_reason,
         "protocol": record.protocol,
         "sampled_tokens": sum(rollout.mask),
         "episode_tokens": len(rollout.mask),
     }
-    tags = {
-        k: attributes[k]
-        for k in ("task_id", "category", "goal", "reward", "reward_bfcl", "protocol")
-    }
-    tags["outcome"] = "success" if record.paper_reward else "failure"
+    tags = {k: attributes[k] for k in ("task_id", "category", "goal", *values, "protocol")}
+    tags["outcome"] = "success" if record.reward else "failure"
     return attributes, tags
 
 

@@ -45,12 +45,12 @@ def goal_for(record: Trajectory, mode: str) -> str | None:
     """The reward goal a record is trained with (None = no goal text)."""
     if mode == "sft":
         return None
-    return record.reward_token or (HIGH if record.paper_reward else LOW)
+    return record.reward_token or (HIGH if record.reward else LOW)
 
 
 def select(records: list[Trajectory], mode: str) -> list[Trajectory]:
     """sft trains on successful (expert) records only; rctp on all of them."""
-    return [r for r in records if r.paper_reward == 1] if mode == "sft" else list(records)
+    return [r for r in records if r.reward == 1] if mode == "sft" else list(records)
 
 
 def batch_schedule(n: int, cfg: SFTConfig) -> list[list[int]]:
@@ -203,31 +203,46 @@ def train_sft(
     return history
 
 
-def render_examples(policy, records: list[Trajectory], cfg: SFTConfig):
-    """Render the selected records into (ids, assistant mask) pairs with the agent loop's renderer."""
+def render_examples(policy, records: list[Trajectory], cfg: SFTConfig, env):
+    """Render the selected records into (ids, assistant mask) pairs with the agent loop's
+    renderer, their prompts as `env`'s episodes open them."""
     import dataclasses
 
     from rcgrpo.rollout.sft_render import render_example
 
     out = []
     for r in select(records, cfg.mode):
-        ex = render_example(dataclasses.replace(r, reward_token=goal_for(r, cfg.mode)), policy)
+        ex = render_example(dataclasses.replace(r, reward_token=goal_for(r, cfg.mode)), policy, env)
         out.append((torch.tensor(ex.ids), torch.tensor(ex.mask)))
     return out
+
+
+def check_task_ids(records: list[Trajectory], where, env) -> list[Trajectory]:
+    """RecordError in one line if a record names a task `env` does not have (it failed with a
+    KeyError after the model had loaded); returns the records."""
+    from rcgrpo.chat.record import RecordError
+
+    known = {t.id for split in ("train", "test") for t in env.tasks(split)}
+    for number, record in enumerate(records, start=1):
+        if record.task_id not in known:
+            raise RecordError(f"{where}: record {number}: unknown task id {record.task_id[:80]!r}")
+    return records
 
 
 def run_sft(
     cfg: SFTConfig,
     model_cfg,
+    env,
     log_metrics: LogMetrics | None = None,
     log_artifact: Callable[[Path], None] | None = None,
     resume: bool = False,
 ) -> Path:
-    """Load the base policy (rcgrpo.models.loading), fine-tune it on cfg.data, save it to
-    <out_dir>/final (save_policy: adapter or full weights + tokenizer); returns that folder."""
+    """Load the base policy (rcgrpo.models.loading), fine-tune it on cfg.data (records of
+    `env`'s tasks: the run's environment), save it to <out_dir>/final (save_policy: adapter or
+    full weights + tokenizer); returns that folder."""
     import dataclasses
 
-    from rcgrpo.chat.record import check_task_ids, read_jsonl
+    from rcgrpo.chat.record import read_jsonl
     from rcgrpo.models.loading import load_policy, save_policy
     from rcgrpo.models.profiles import PROFILES
     from rcgrpo.training import distributed
@@ -235,20 +250,19 @@ def run_sft(
 
     cfg = dataclasses.replace(cfg, max_len=cfg.max_len or PROFILES[model_cfg.profile].sft_max_len)
     check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
-    records = check_task_ids(read_jsonl(cfg.data), cfg.data)  # before the model loads
+    records = check_task_ids(read_jsonl(cfg.data), cfg.data, env)  # before the model loads
     # under a launcher: this rank's GPU (cuda:LOCAL_RANK), bound before anything loads
     model_cfg = dataclasses.replace(model_cfg, device=distributed.local_device(model_cfg.device))
     policy = load_policy(model_cfg)
-    examples = render_examples(policy, records, cfg)
+    examples = render_examples(policy, records, cfg, env)
     pad_id = policy.tokenizer.pad_token_id or 0
     history = train_sft(policy.model, examples, cfg, log_metrics, resume=resume, pad_id=pad_id)
     final = Path(cfg.out_dir) / "final"
     if not distributed.is_main():  # under `accelerate launch` rank 0 saves (same weights)
         return final
     protocols = sorted({r.protocol for r in select(records, cfg.mode)})
-    save_policy(
-        policy, final, {"stage": cfg.mode, "protocol": "+".join(protocols), "data": cfg.data}
-    )
+    training = {"stage": cfg.mode, "env": env.name, "protocol": "+".join(protocols)}
+    save_policy(policy, final, {**training, "data": cfg.data})
     if history:  # flat {name: number} of the last step, for dvc.yaml `metrics:`
         (Path(cfg.out_dir) / "metrics.json").write_text(json.dumps(history[-1], indent=1) + "\n")
     if log_artifact is not None:

@@ -105,14 +105,14 @@ class RLConfig:
     engine_is_bound: float = ranged(
         0.01, "(0, 1)", "sequence: the geometric mean ratio's bound b (SkyRL: 0.99 .. 1.01)"
     )
-    reward: Literal["paper", "bfcl"] = setting(
-        "paper", "which checker's 0/1 is the training reward"
+    reward: str = setting(
+        "", 'the check whose value trains ("" = the environment\'s: BFCL paper, calculator correct)'
     )
     protocol: Literal["bfcl", "combined"] = setting(
         "combined", "combined: the paper's Step 1..n prompt; bfcl: turn by turn"
     )
     tasks_from: str = setting(
-        "data/rctp/train.jsonl", 'RL tasks: those of this dataset file ("" = all 720)'
+        "data/rctp/train.jsonl", 'RL tasks: those of this dataset file ("" = every train task)'
     )
     save_every: int = ranged(50, "[0, inf)", "checkpoint every N steps (0 = never)")
     seed: int = ranged(0, "[0, inf)", "task draws, reward tokens, rollout sampling")

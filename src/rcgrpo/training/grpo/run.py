@@ -1,13 +1,13 @@
 """One RL stage end to end: load the fine-tuned policy, pick the RL tasks, train, save, summarise.
 
 `run_rl` is what `rcgrpo train rl`, the `rl` stage of dvc.yaml and the pipeline's RL flow call.
-The RL tasks are the tasks of the fine-tuning data (`rl.tasks_from`, default
+The RL tasks are the run environment's tasks of the fine-tuning data (`rl.tasks_from`, default
 data/rctp/train.jsonl): RL improves the policy on what it was fine-tuned for, as in the paper,
-where both stages use the 720 train tasks; on a subset (the CPU default) RL stays on that subset
+where both stages use BFCL's 720 train tasks; on a subset (the CPU default) RL stays on that subset
 instead of drawing tasks the policy never saw.
 
     rcgrpo train rl                                  # params.yaml `rl:` + `model:` + `rollout:`
-    rcgrpo train rl --set tasks_from=""              # every train task (720)
+    rcgrpo train rl --set tasks_from=""              # every train task (BFCL: 720)
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.trainer import LogMetrics, Trainer
 
 
-def rl_tasks(cfg: RLConfig):
-    """The tasks RL draws from: those of cfg.tasks_from (train split only), else all 720."""
-    from rcgrpo.bfcl.tasks import tasks_in
+def rl_tasks(cfg: RLConfig, env):
+    """The tasks of `env` RL draws from: those of cfg.tasks_from (train split only), else all
+    its train tasks."""
     from rcgrpo.data.dataset import tasks_of
 
-    return tasks_of(cfg.tasks_from, "train") if cfg.tasks_from else tasks_in("train")
+    return tasks_of(cfg.tasks_from, "train", env) if cfg.tasks_from else env.tasks("train")
 
 
 def write_summary(out: Path) -> dict:
@@ -58,6 +58,7 @@ def rl_tags(cfg: RLConfig, model_cfg) -> dict[str, str]:
 def run_rl(
     cfg: RLConfig,
     model_cfg,
+    env,
     rollout_cfg=None,
     log_metrics: LogMetrics | None = None,
     log_artifact: Callable[[Path], None] | None = None,
@@ -65,8 +66,9 @@ def run_rl(
     backend=None,
     on_rollouts=None,
 ) -> Path:
-    """Load the initial policy (cfg.start_path), train on the RL tasks, save <out_dir>/final.
-    on_rollouts: the Trainer's per-step rollout callback (episode traces), or None."""
+    """Load the initial policy (cfg.start_path), train on the RL tasks of `env` (the run's
+    environment, rcgrpo.envs), save <out_dir>/final. on_rollouts: the Trainer's per-step
+    rollout callback (episode traces), or None."""
     from rcgrpo.models.loading import load_policy, save_policy
     from rcgrpo.models.lora import freeze_reward_rows
     from rcgrpo.rollout import colocate
@@ -93,7 +95,7 @@ def run_rl(
     from rcgrpo.training.checkpoint import check_writable
 
     check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
-    tasks = rl_tasks(cfg)  # before loading the model: a missing data file fails in a second
+    tasks = rl_tasks(cfg, env)  # before loading the model: a missing data file fails in a second
     # under a launcher: this rank's GPU (cuda:LOCAL_RANK), bound before anything loads; the
     # rank then owns its engine on that device (its own vLLM server pinned to it)
     device = distributed.local_device(model_cfg.device)
@@ -101,7 +103,7 @@ def run_rl(
         colocate.trainer_env()  # before CUDA's first allocation
     policy = load_policy(dataclasses.replace(model_cfg, device=device), adapter_path=start)
     freeze_reward_rows(policy)  # under every engine: see rl_tags
-    engine = make_engine(rollout_cfg, policy, device=policy.config.device)
+    engine = make_engine(rollout_cfg, policy, env, device=policy.config.device)
     if backend is not None:  # rcgrpo.rollout.execution: the same shards (whole groups)
         if distributed.launched() and backend.ray is not None:
             raise ValueError(
@@ -110,13 +112,14 @@ def run_rl(
             )
         from rcgrpo.rollout.execution import RolloutSpec
 
-        spec = RolloutSpec(model_cfg, str(start), rollout_cfg)
+        spec = RolloutSpec(model_cfg, str(start), rollout_cfg, env)
         engine = backend.engine(policy, spec, group=cfg.group_size, local_engine=engine)
     trainer = Trainer(
         policy,
         engine,
         tasks,
         cfg,
+        env.scorer(cfg.protocol, cfg.reward or None),
         log_metrics,
         temperature=rollout_cfg.temperature,
         on_rollouts=on_rollouts,
@@ -130,6 +133,7 @@ def run_rl(
         return trainer.out / "final"
     training = {
         "stage": "rl",
+        "env": env.name,
         "protocol": cfg.protocol,
         "init": cfg.init,
         "conditioning": cfg.conditioning,

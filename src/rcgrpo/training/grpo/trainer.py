@@ -36,7 +36,6 @@ from pathlib import Path
 
 import torch
 
-from rcgrpo.rollout.bfcl_environment import BFCL
 from rcgrpo.training import checkpoint, distributed, shared_forward, shared_prefix
 from rcgrpo.training.forward import packs
 from rcgrpo.training.grpo import engine_is, group_filter, rollouts, update
@@ -51,8 +50,9 @@ LogMetrics = Callable[[dict, int], None]
 class Trainer:
     """RC-GRPO / GRPO on a policy (`.model`, `.tokenizer`) through a rollout engine.
 
-    score_fn(task, rollout) -> Rewards (rcgrpo.rollout.environment.Scorer); default: BFCL's
-    scorer, trained on the checker that cfg.reward names. ref_model: the frozen reference
+    score_fn(task, rollout) -> Rewards: the run environment's scorer (rcgrpo.rollout.environment
+    .Scorer: `env.scorer(cfg.protocol, cfg.reward or None)`), whose `reward` names the check
+    that trains (cfg.reward "" = the environment's choice). ref_model: the frozen reference
     (default: the model as given, i.e. the initial SFT / RCTP-FT policy). With LoRA that is a
     frozen second adapter, a copy of the starting one (models.add_reference_adapter): not
     `disable_adapter()`, which would be the base before fine-tuning. A full fine-tune has no
@@ -72,18 +72,20 @@ class Trainer:
         engine,
         tasks,
         cfg: RLConfig,
+        score_fn,
         log_metrics: LogMetrics | None = None,
-        score_fn=None,
         ref_model=None,
         temperature: float = 1.0,
         on_rollouts: Callable[[int, rollouts.StepRollouts], None] | None = None,
     ):
         self.on_rollouts = on_rollouts
+        # the check that trains as the scorer resolved it: reward/other_checker_mean reads it
+        cfg = dataclasses.replace(cfg, reward=getattr(score_fn, "reward", cfg.reward))
         self.policy, self.engine, self.tasks, self.cfg = policy, engine, list(tasks), cfg
         self.model = policy.model
         self.shared = shared_forward.enable(self.model, cfg.shared_prefix)  # SDPA models only
         self.log_metrics = log_metrics
-        self.score_fn = score_fn or BFCL.scorer(cfg.protocol, cfg.reward)
+        self.score_fn = score_fn
         self.ref_model = ref_model
         if temperature <= 0:
             raise ValueError("RL needs sampling: rollout.temperature must be > 0 (0 is greedy)")

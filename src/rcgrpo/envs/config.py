@@ -1,6 +1,7 @@
-"""The `env:` section of params.yaml: what one tool call, one model message and one episode may
-cost in the tool sandbox (rcgrpo.bfcl.sandbox enforces it; rcgrpo.bfcl.environment keeps the
-episode's account).
+"""The `env:` section of params.yaml: which environment the run trains and evaluates on
+(`name`, rcgrpo.envs), and BFCL's sandbox limits: what one tool call, one model message and one
+episode may cost in the tool sandbox (rcgrpo.bfcl.sandbox enforces them; rcgrpo.bfcl.environment
+keeps the episode's account).
 
 Why budgets per message and per episode on top of the per-call limit: one message may hold 64
 calls, each just under the call limit (`[power(base=3, exponent=12000000)] x 20` took 103 s at
@@ -14,14 +15,25 @@ The defaults are far above what a task needs: all 800 ground truths run in ~1 mi
 
 from __future__ import annotations
 
+from typing import Literal
+
 from rcgrpo.bfcl.observations import DEFAULT_MAX_CHARS
-from rcgrpo.fields import config_class, ranged
+from rcgrpo.fields import config_class, ranged, setting
+
+# name -> "module:class" of every environment (rcgrpo.envs.get builds it from this section)
+ENVIRONMENTS = {
+    "bfcl": "rcgrpo.envs.bfcl.environment:BfclEnvironment",
+    "calculator": "rcgrpo.envs.calculator:Calculator",
+}
 
 
 @config_class
 class EnvConfig:
-    """params.yaml `env:` — limits of the tool calls (rcgrpo.bfcl.sandbox enforces them)."""
+    """params.yaml `env:` — the environment, and BFCL's tool-call limits (rcgrpo.bfcl.sandbox)."""
 
+    name: Literal[tuple(ENVIRONMENTS)] = setting(
+        "bfcl", "the environment of the run's data, RL and evaluation (rcgrpo.envs)"
+    )
     tool_timeout_s: float = ranged(
         5.0, "(0, inf)", "wall-clock limit of one tool call; then the worker is killed (SIGKILL)"
     )

@@ -1,6 +1,7 @@
 """Failure trajectories made from an expert's (source b of rcgrpo.data.failures): its calls changed
 the way real agents get them wrong, re-executed in a fresh episode (real observations), re-scored,
-and kept only when they are usable failures (reward 0, `failures.refusal`), recorded in
+and kept only when they are usable failures (the data stage's rule, `failures.refusal`, passed in
+as `usable`), recorded in
 provenance.generator as "perturbation:<kind>". Kinds:
   wrong_tool        one call goes to another tool that accepts the same arguments (cp for mv)
   wrong_argument    one argument value altered (a near-miss name, an off-by-one number)
@@ -11,20 +12,20 @@ provenance.generator as "perturbation:<kind>". Kinds:
 A perturbation that still earns paper reward 1 (a harmless change) is not a failure: the next
 seeded candidate is tried, up to `attempts` per kind.
 
-    .venv/bin/python -c "from rcgrpo.data.perturbations import *; from rcgrpo.bfcl.tasks import get_task; print([t.provenance.generator for t in perturbations(get_task('multi_turn_base_0'), 'combined', seed=0)])"
+    .venv/bin/python -c "from rcgrpo.envs.bfcl.perturbations import *; from rcgrpo.bfcl.tasks import get_task; print([t.provenance.generator for t in perturbations(get_task('multi_turn_base_0'), 'combined', seed=0)])"
 """
 
 from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Callable
 
 from rcgrpo.bfcl.executor import Call
 from rcgrpo.bfcl.replay import parse_call_string
 from rcgrpo.bfcl.tasks import Task
 from rcgrpo.chat.record import Provenance, Trajectory
-from rcgrpo.data.experts import DONE, expert_calls, scored
-from rcgrpo.data.failures import refusal
+from rcgrpo.envs.bfcl.experts import DONE, expert_calls, scored
 
 KINDS = (
     "wrong_tool",
@@ -154,9 +155,11 @@ def perturbations(
     seed: int = 0,
     kinds: tuple[str, ...] = KINDS,
     attempts: int = 4,
+    usable: Callable[[Trajectory], bool] = lambda record: record.reward == 0,
 ) -> list[Trajectory]:
-    """At most one reward-0 trajectory per kind for `task` (kinds with no failing candidate
-    among the first `attempts` are skipped). Deterministic for (task, protocol, seed)."""
+    """At most one usable failure per kind for `task` (kinds with none among the first
+    `attempts` candidates are skipped); `usable`: the data stage's rule
+    (rcgrpo.data.failures.is_usable_failure). Deterministic for (task, protocol, seed)."""
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise ValueError(f"unknown perturbation kind(s) {unknown}; known: {list(KINDS)}")
@@ -167,19 +170,7 @@ def perturbations(
         for calls, detail in _candidates(task, base, kind, rng)[:attempts]:
             prov = Provenance(f"perturbation:{kind}", seed=seed)
             record = scored(task, split, protocol, calls, prov, perturbation=detail)
-            if refusal(record) is None:  # reward 0 (always >= 1 call: experts have >= 2)
+            if usable(record):  # reward 0 (always >= 1 call: experts have >= 2)
                 out.append(record)
                 break
-    return out
-
-
-def generate_perturbations(
-    tasks: list[Task], split: str, protocol: str, seed: int, kinds=KINDS, attempts=4, progress=None
-) -> list[Trajectory]:
-    """Perturbation failures of every task, in task order."""
-    out: list[Trajectory] = []
-    for i, task in enumerate(tasks):
-        out += perturbations(task, protocol, split, seed, tuple(kinds), attempts)
-        if progress:
-            progress(i + 1, len(tasks))
     return out

@@ -11,16 +11,14 @@ for what the calls did. Two protocols:
 * "combined": the paper's training prompt, every user turn merged into one "Step 1: ... Step n:"
   message; one assistant step per non-empty ground-truth turn, then a final `done()` call.
 
-Every expert is scored with both checkers; one that does not earn paper reward 1 is returned in
-`ExpertReport.failed` with its task id and the checker's reason (the dataset manifest lists them),
-never dropped silently.
+Every expert is scored with both checkers; the data stage keeps one that does not earn paper
+reward 1 out of the high set and lists it with the checker's reason in the dataset manifest
+(rcgrpo.data.generate), never dropping it silently.
 
-    .venv/bin/python -c "from rcgrpo.data.experts import *; from rcgrpo.bfcl.tasks import get_task; print(expert(get_task('multi_turn_base_0'), 'combined').messages[:3])"
+    .venv/bin/python -c "from rcgrpo.envs.bfcl.experts import *; from rcgrpo.bfcl.tasks import get_task; print(expert(get_task('multi_turn_base_0'), 'combined').messages[:3])"
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 from rcgrpo.bfcl.checkers import ground_truth_calls, score
 from rcgrpo.bfcl.environment import Episode
@@ -40,15 +38,15 @@ TURN_DONE_REPLY = "I have completed this step of the request."
 
 
 def combined_prompt(task: Task) -> str:
-    """All user turns as one "Step 1: ... Step n: ..." message: the agent loop's own prompt
-    (`prompts.combined_request`), so experts and rollouts read the same request."""
-    from rcgrpo.chat.prompts import combined_request
+    """All user turns as one "Step 1: ... Step n: ..." message: the episode's own prompt
+    (`episode.combined_request`), so experts and rollouts read the same request."""
+    from rcgrpo.envs.bfcl.episode import combined_request
 
     return combined_request(list(task.turns))
 
 
 def _assistant_step(call_texts: list[str]) -> dict:
-    # Same text as the agent loop writes for a step of calls (prompts.format_calls).
+    # Same text as a step of calls is written (prompts.format_calls).
     return {"role": "assistant", "content": f"[{', '.join(call_texts)}]", "tool_calls": call_texts}
 
 
@@ -127,8 +125,8 @@ def scored(
         protocol=protocol,
         messages=messages,
         calls=calls,
-        paper_reward=paper.reward,
-        bfcl_reward=bfcl.reward,
+        reward=paper.reward,
+        checks={"paper": paper.reward, "bfcl": bfcl.reward},
         provenance=provenance,
         reward_reason={"paper": paper.reason, "bfcl": bfcl.reason, **reason},
     )
@@ -139,23 +137,3 @@ def expert(task: Task, protocol: str, split: str = "train") -> Trajectory:
     return scored(
         task, split, protocol, expert_calls(task, protocol), Provenance("expert", seed=None)
     )
-
-
-@dataclass
-class ExpertReport:
-    experts: list[Trajectory]  # paper reward 1: the high-quality set
-    failed: list[dict] = field(default_factory=list)  # {"task_id", "reason"}: ground truth < 1
-
-
-def generate_experts(tasks: list[Task], split: str, protocol: str, progress=None) -> ExpertReport:
-    """Experts of every task; those not scoring 1 are reported by task id, not kept as high."""
-    report = ExpertReport([])
-    for i, task in enumerate(tasks):
-        record = expert(task, protocol, split)
-        if record.paper_reward == 1:
-            report.experts.append(record)
-        else:
-            report.failed.append({"task_id": task.id, "reason": record.reward_reason["paper"]})
-        if progress:
-            progress(i + 1, len(tasks))
-    return report
