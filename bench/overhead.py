@@ -44,8 +44,7 @@ TINY = [
     "rollout.max_new_tokens=24", "rollout.max_total_tokens=1024", "rollout.max_steps=2",
 ]  # fmt: skip
 WORK = {
-    "rcgrpo.envs.bfcl.experts": ["generate_experts"],
-    "rcgrpo.envs.bfcl.perturbations": ["generate_failures"],
+    "rcgrpo.data.generate": ["generate_experts", "generate_failures"],
     "rcgrpo.data.failures": ["rollout_failures"],
     "rcgrpo.data.labels": ["low_half", "mixed_set", "sft_set"],
     "rcgrpo.data.dataset": ["write_dataset", "select_tasks"],

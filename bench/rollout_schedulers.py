@@ -57,7 +57,7 @@ def cpu_split(engine) -> tuple[float, float]:
     process groups (API server + engine core)."""
     from rcgrpo.bfcl import sandbox
 
-    workers = {s.pid() for s in [*engine.tools._sandboxes, sandbox.default()] if s.pid()}
+    workers = engine.tools.pids() | ({sandbox.default().pid()} - {None})
     client = cpu_seconds(set(), {os.getpid(), *workers})
     return client, cpu_seconds({s.server_pid() for s in engine.servers}, set())
 
@@ -87,7 +87,7 @@ def bench_policy(tasks, model_path: str | None):
     folder = project_root() / "cache" / "bench" / f"tiny-sft-{key[:10]}"
     if not (folder / "final" / "rcgrpo_policy.json").exists():
         from rcgrpo.chat.record import write_jsonl
-        from rcgrpo.envs.bfcl.experts import generate_experts
+        from rcgrpo.data.generate import generate_experts
         from rcgrpo.training.sft import run_sft
         from rcgrpo.training.sft_config import SFTConfig
 

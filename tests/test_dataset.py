@@ -40,7 +40,7 @@ def train_tasks():
 
 def test_subset_is_stratified_and_in_its_split(train_tasks):
     assert len(train_tasks) == 8
-    assert Counter(t.category for t in train_tasks) == {c: 2 for c in CFG.categories}
+    assert Counter(t.category for t in train_tasks) == {c: 2 for c in BFCL.categories}
     assert {t.id for t in select_tasks(CFG, "test", BFCL)}.isdisjoint(t.id for t in train_tasks)
 
 
@@ -165,5 +165,5 @@ def test_train_filter_picks_short_base_tasks_and_never_touches_test():
     assert len(select_tasks(cfg, "test", BFCL)) == 80  # the reported split stays whole
     with pytest.raises(ValueError, match="the shortest have 2"):
         select_tasks(dataclasses.replace(cfg, train_max_calls=1), "train", BFCL)
-    with pytest.raises(ValueError, match="train_categories"):
-        DatasetConfig(train_categories=("nope",))
+    with pytest.raises(ValueError, match=r"dataset.train_categories=\['nope'\]: BFCL categories"):
+        select_tasks(DatasetConfig(train_categories=("nope",)), "train", BFCL)

@@ -25,6 +25,7 @@ from rcgrpo.bfcl.sandbox import Sandbox
 from rcgrpo.bfcl.tasks import get_task, load_tasks
 from rcgrpo.chat.prompts import Renderer
 from rcgrpo.chat.record import HIGH
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.envs.config import EnvConfig
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
@@ -144,7 +145,7 @@ class Scripted(Engine):
     tokenizer ids): the scheduler, agent loop and tool sandboxes under test are real."""
 
     def __init__(self, cfg, policy, script):
-        super().__init__(cfg, policy)
+        super().__init__(cfg, policy, BFCL)
         self.texts = script
         self.script = [self.renderer.encode(t) + [policy.stop_id] for t in script]
 

@@ -88,7 +88,7 @@ class Scripted(Engine):
     the scheduler, agent loop and tool sandboxes, which are real."""
 
     def __init__(self, cfg, policy, script):
-        super().__init__(cfg, policy)
+        super().__init__(cfg, policy, BFCL)
         self.texts = script
         self.script = [self.renderer.encode(t) + [policy.stop_id] for t in script]
 
@@ -137,7 +137,7 @@ def test_tool_calls_of_different_episodes_run_at_once(policy, monkeypatch):
 
 
 def test_an_engine_error_ends_the_rollout_instead_of_hanging(policy, tasks):
-    class Failing(type(make_engine(CFG, policy))):
+    class Failing(type(make_engine(CFG, policy, BFCL))):
         def generate(self, prompts, max_new, seeds, episodes=None):
             if self.generated_tokens:  # the second round: a fault (e.g. out of GPU memory)
                 raise MemoryError("out of memory in round 2")

@@ -77,7 +77,7 @@ def test_label_contradicting_reward_names_row_and_task(bad):
     report = validate_dir(bad, BFCL)
     (failure,) = [f for f in report.failures if f.column == "label_ok"]
     assert [(r["line"], r["task_id"]) for r in failure.rows] == [(5, row["task_id"])]
-    assert "contradicts the paper reward" in report.message()
+    assert "contradicts the reward" in report.message()
 
 
 def test_leaked_test_task_in_train_is_caught(bad):

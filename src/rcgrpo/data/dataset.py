@@ -142,10 +142,13 @@ def select_tasks(cfg: DatasetConfig, split: str, env: Environment) -> list:
     """The split's tasks of `env`, or a seeded subset stratified round-robin over categories.
     Train tasks are first narrowed to `train_categories` and to at most `train_max_calls`
     ground-truth calls."""
-    categories = tuple(cfg.categories) or tuple(env.categories)
+    categories, field = tuple(cfg.categories) or tuple(env.categories), "categories"
     if split == "train" and cfg.train_categories:
-        categories = tuple(cfg.train_categories)
-    tasks = env.tasks(split, categories)
+        categories, field = tuple(cfg.train_categories), "train_categories"
+    try:
+        tasks = env.tasks(split, categories)
+    except ValueError as e:  # a category the environment does not have
+        raise ValueError(f"dataset.{field}={list(categories)}: {e}") from None
     if split == "train" and cfg.train_max_calls:
         tasks = [t for t in tasks if sum(map(len, t.ground_truth)) <= cfg.train_max_calls]
         if not tasks:
