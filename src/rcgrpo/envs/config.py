@@ -24,6 +24,7 @@ from rcgrpo.fields import config_class, ranged, setting
 ENVIRONMENTS = {
     "bfcl": "rcgrpo.envs.bfcl.environment:BfclEnvironment",
     "calculator": "rcgrpo.envs.calculator:Calculator",
+    "memory": "rcgrpo.envs.memory:Memory",
 }
 
 
