@@ -72,6 +72,25 @@ def test_a_fault_names_its_layer():
         resolve(None, "cpu", sets={"rl": {"micro_batch_size": 7}})  # mini_batch 10 % 7
 
 
+def test_settings_that_name_what_the_environment_has_are_checked_against_it():
+    """rl.reward, the protocols, categories and failure kinds name things of the run's
+    environment: a typo fails when the run is resolved, before the data stage, not after the
+    fine-tuning (rl.reward was checked by the scorer, at the start of RL)."""
+    env = {"name": "calculator"}
+    small = resolve(None, "cpu", sets={"env": env, "dataset": {"train_categories": []}})
+    assert small.env.name == "calculator" and small.rl.reward == ""
+    with pytest.raises(ConfigError, match=r"^rl\.reward='paper': not one of its \(env\.name="
+                       r"calculator: its checks are '', 'correct', 'used_tool'\)$"):  # fmt: skip
+        resolve(None, sets={"env": env, "rl": {"reward": "paper"}})
+    with pytest.raises(ConfigError, match=r"^dataset\.train_categories='base': not one of"):
+        resolve(None, "cpu", sets={"env": env})  # the cpu preset's BFCL category
+    with pytest.raises(ConfigError, match=r"^rollout\.protocol='combined': not one of its "
+                       r"\(env\.name=memory: its protocols are 'bfcl'\)"):  # fmt: skip
+        resolve(None, sets={"env": {"name": "memory"}})
+    with pytest.raises(ConfigError, match=r"^eval\.categories='add': .*'base', 'miss_func'"):
+        resolve(None, sets={"eval": {"categories": ["add"]}})
+
+
 def test_run_config_json_round_trips_and_a_bad_edit_fails_in_one_line(tmp_path):
     rc = resolve(None, "cpu", "rctp+rc-grpo", {"rl": {"steps": 3}}, ["rl"], procs=2)
     path = rc.write(tmp_path / "run_config.json")

@@ -161,6 +161,12 @@ def resolve(
         else:
             layers = given + fixed.get(name, [])
         built[name] = _build(name, base, layers, where)
+    from rcgrpo.envs.config import check_sections
+
+    try:  # the settings that name what the environment has: its protocols, categories, checks
+        check_sections(built)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     plan = Plan(stages, variant, preset, procs, str(root), nodes, rendezvous)
     return RunConfig(**_absolute(built, root), plan=plan)
 

@@ -173,7 +173,7 @@ class CalcScorer:
     reward: str = "correct"
 
     def __post_init__(self):
-        if self.reward not in ("correct", "used_tool"):
+        if self.reward not in Calculator.checks:
             raise ValueError(f"calculator reward {self.reward!r}: one of correct, used_tool")
 
     def __call__(self, task: CalcTask, rollout) -> Rewards:
@@ -207,6 +207,8 @@ class Calculator:
     name = "calculator"
     protocols = ("combined",)  # one request, answered in one turn
     categories = CATEGORIES
+    kinds = KINDS
+    checks = ("correct", "used_tool")
 
     def __init__(self, cfg=None):
         self.cfg = cfg

@@ -15,6 +15,7 @@ The defaults are far above what a task needs: all 800 ground truths run in ~1 mi
 
 from __future__ import annotations
 
+import importlib
 from typing import Literal
 
 from rcgrpo.bfcl.observations import DEFAULT_MAX_CHARS
@@ -67,3 +68,38 @@ def hard_memory_mb() -> int | None:
 
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
     return None if hard == resource.RLIM_INFINITY else hard // 2**20
+
+
+def environment_class(name: str):
+    """The class `ENVIRONMENTS[name]` names (imported; nothing built)."""
+    module, attr = ENVIRONMENTS[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def check_sections(sections: dict) -> None:
+    """A run's sections against its environment, before anything starts (a ValueError in one
+    line naming the field): the protocols it renders, its categories, failure kinds and checks.
+    sections: {"env": EnvConfig, "rollout": .., "rl": .., "dataset": .., "eval": ..}."""
+    env = environment_class(sections["env"].name)
+    own = f"(env.name={sections['env'].name}: its {{}} are {{}})"
+    wanted = [
+        ("protocols", env.protocols, f"{s}.protocol", [sections[s].protocol])
+        for s in ("rollout", "rl", "dataset")
+    ]
+    wanted += [
+        ("protocols", ("trained", *env.protocols), "eval.protocol", [sections["eval"].protocol]),
+        ("categories", env.categories, "dataset.categories", sections["dataset"].categories),
+        (
+            "categories",
+            env.categories,
+            "dataset.train_categories",
+            sections["dataset"].train_categories,
+        ),
+        ("categories", env.categories, "eval.categories", sections["eval"].categories),
+        ("failure kinds", env.kinds, "dataset.kinds", sections["dataset"].kinds),
+        ("checks", ("", *env.checks), "rl.reward", [sections["rl"].reward]),
+    ]
+    for what, allowed, field, values in wanted:
+        if bad := [v for v in values if v not in allowed]:
+            shown = ", ".join(repr(a) for a in allowed)
+            raise ValueError(f"{field}={bad[0]!r}: not one of its " + own.format(what, shown))

@@ -230,6 +230,8 @@ class Memory:
     name = "memory"
     protocols = ("bfcl",)
     categories = CATEGORIES
+    kinds = ("wrong_answer",)
+    checks = ("correct",)
 
     def __init__(self, cfg=None):
         self.cfg = cfg

@@ -116,6 +116,8 @@ class Environment(Protocol):
     name: str
     protocols: tuple[str, ...]  # prompt protocols; the first is the environment's own
     categories: tuple[str, ...]  # its task categories, in the order reports list them
+    kinds: tuple[str, ...]  # the failures it makes for the data stage (`failures`)
+    checks: tuple[str, ...]  # its checks' names, its own training reward first
 
     def tasks(self, split: str, categories: Sequence[str] = ()) -> list:
         """The tasks of one split ("train" | "test"), of `categories` (() = all)."""

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from rcgrpo.bfcl.environment import STEP_LIMIT
 from rcgrpo.bfcl.tasks import CATEGORIES, Task, get_task, load_split, tasks_in
 from rcgrpo.envs.bfcl.episode import PROTOCOLS, BfclEpisode
-from rcgrpo.envs.bfcl.scorer import BfclScorer
+from rcgrpo.envs.bfcl.perturbations import KINDS
+from rcgrpo.envs.bfcl.scorer import CHECKS, BfclScorer
 
 
 class SandboxPool:
@@ -57,6 +58,8 @@ class BfclEnvironment:
     name = "bfcl"
     protocols = PROTOCOLS
     categories = CATEGORIES
+    kinds = KINDS  # perturbations of the ground truth (the data stage's failures)
+    checks = CHECKS
 
     def __init__(self, cfg=None):
         self.cfg = cfg
@@ -95,7 +98,7 @@ class BfclEnvironment:
 
     def failures(self, task, protocol, split, seed, kinds=(), attempts=4, usable=None) -> list:
         """Perturbations of the ground truth (rcgrpo.envs.bfcl.perturbations; `kinds` () = all)."""
-        from rcgrpo.envs.bfcl.perturbations import KINDS, perturbations
+        from rcgrpo.envs.bfcl.perturbations import perturbations
 
         rule = {"usable": usable} if usable is not None else {}
         return perturbations(task, protocol, split, seed, tuple(kinds or KINDS), attempts, **rule)
