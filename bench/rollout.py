@@ -187,12 +187,12 @@ def main() -> None:
     vllm = VLLMEngine(RolloutConfig(**{**cfg.__dict__, "engine": "vllm"}), policy, BFCL)
     print(f"vllm server up in {time.perf_counter() - t0:.1f} s (export + start + /health)")
     vllm.rollout(tasks[:2], protocol=args.protocol, seed=args.seed)  # warm-up
-    NaiveEngine(cfg, policy).rollout(tasks[:1], protocol=args.protocol, seed=args.seed)
+    NaiveEngine(cfg, policy, BFCL).rollout(tasks[:1], protocol=args.protocol, seed=args.seed)
 
     runs = {}
     for name, engine, naive in (
         ("batched", HFEngine(cfg, policy, BFCL), False),
-        ("naive", NaiveEngine(cfg, policy), True),
+        ("naive", NaiveEngine(cfg, policy, BFCL), True),
         ("vllm", vllm, False),
     ):
         before = getattr(engine, "prefilled_tokens", None)

@@ -38,11 +38,13 @@ def say(loop: AgentLoop, text: str) -> None:
     loop.feed(ids, [-1.0] * len(ids))
 
 
-def test_the_run_picks_the_environment_by_name():
+def test_the_run_picks_the_environment_by_name(monkeypatch):
+    from rcgrpo.bfcl import sandbox
     from rcgrpo.config import ConfigError, build
     from rcgrpo.envs import get
     from rcgrpo.envs.config import EnvConfig
 
+    monkeypatch.setattr(sandbox, "_chosen", [])  # get() sets BFCL's limits: back after the test
     assert (
         get(EnvConfig()).name == "bfcl" and get(EnvConfig(name="calculator")).name == "calculator"
     )
@@ -229,3 +231,32 @@ def test_bfcl_metric_names_outcomes_and_export_stay(tmp_path):
         for t, p in (("high", ""), ("high", "-combined"), ("low", ""))
         for c in ("base", "miss_func")
     )
+
+
+def test_the_environment_travels_to_a_worker_with_its_limits(tmp_path, monkeypatch):
+    """A Ray rollout worker gets the run's environment pickled in its RolloutSpec (nothing in
+    an env var): unpickled in a fresh process, BFCL's sandbox limits are that process's."""
+    import pickle
+    import subprocess
+    import sys
+
+    from rcgrpo.envs import get
+    from rcgrpo.envs.config import EnvConfig
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.rollout.config import RolloutConfig
+    from rcgrpo.rollout.execution import RolloutSpec
+
+    from rcgrpo.bfcl import sandbox
+
+    monkeypatch.setattr(sandbox, "_chosen", [])  # this process's limits back after the test
+    env = get(EnvConfig(tool_timeout_s=1.5, message_timeout_s=7.0))
+    spec = RolloutSpec(ModelConfig(profile="tiny"), None, RolloutConfig(), env)
+    (tmp_path / "spec.pkl").write_bytes(pickle.dumps(spec))
+    code = (
+        "import pickle, sys; from rcgrpo.bfcl import sandbox; "
+        "spec = pickle.loads(open(sys.argv[1], 'rb').read()); c = sandbox.configured(); "
+        "print(spec.env.name, spec.env.task('multi_turn_base_0').id, c.tool_timeout_s, c.message_timeout_s)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "spec.pkl")],
+                         capture_output=True, text=True, check=True, timeout=600)  # fmt: skip
+    assert out.stdout.split() == ["bfcl", "multi_turn_base_0", "1.5", "7.0"]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from rcgrpo.chat.prompts import Renderer
-from rcgrpo.envs.memory import Memory, conversation
+from rcgrpo.envs.memory import Memory
+from rcgrpo.envs.memory_tasks import conversation
 from rcgrpo.rollout.agent_loop import AgentLoop, Limits, results
 from rcgrpo.rollout.environment import Environment
 

@@ -143,7 +143,7 @@ def test_an_engine_error_ends_the_rollout_instead_of_hanging(policy, tasks):
                 raise MemoryError("out of memory in round 2")
             return super().generate(prompts, max_new, seeds, episodes)
 
-    engine = Failing(replace(CFG, max_batch=64), policy)
+    engine = Failing(replace(CFG, max_batch=64), policy, BFCL)
     with pytest.raises(MemoryError, match="round 2"):
         engine.rollout(tasks, HIGH, seed=0)
 
