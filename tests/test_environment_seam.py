@@ -240,13 +240,12 @@ def test_the_environment_travels_to_a_worker_with_its_limits(tmp_path, monkeypat
     import subprocess
     import sys
 
+    from rcgrpo.bfcl import sandbox
     from rcgrpo.envs import get
     from rcgrpo.envs.config import EnvConfig
     from rcgrpo.models.profiles import ModelConfig
     from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import RolloutSpec
-
-    from rcgrpo.bfcl import sandbox
 
     monkeypatch.setattr(sandbox, "_chosen", [])  # this process's limits back after the test
     env = get(EnvConfig(tool_timeout_s=1.5, message_timeout_s=7.0))
