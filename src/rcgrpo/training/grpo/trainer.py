@@ -180,14 +180,16 @@ class Trainer:
         # pi_old and the reference sharded like the update (update.first_pass_share), then
         # summed over the ranks (later passes reshuffle the micro-batches between ranks)
         mine = update.first_pass_share(self.ranks, batch, passes)
+        anchors = update.anchor_share(cfg, self.ranks, batch, passes)  # pi_old forwards
         ref_fn = self._ref_logprobs if use_ref else None
         self._phase("update", step)
-        recompute = cfg.behaviour_logprobs == "recompute"  # engine: no pi_old forward
         old, ref, gap = update.behaviour_logprobs(
-            self.model, batch, mine, self._logprobs, self.temperature, ref_fn, recompute
+            self.model, batch, mine, self._logprobs, self.temperature, ref_fn, anchors
         )
+        first = None  # engine: the trainer's pre-step log p, completed by the first pass
+        if cfg.behaviour_logprobs == "engine":
+            first, old = old, None  # this rank's rows: ppo_updates sums them over the ranks
         old, ref, gap = self.ranks.merge(old, ref, gap)
-        first = None if recompute else torch.zeros_like(batch.mask)  # the first pass's log p
         self.rolled_out.append(out.own)
         lr = self.scheduler.get_last_lr()[0]  # one lr per RL step: warmup counts RL steps
         self.updates = update.ppo_updates(  # per optimizer step, for inspection
@@ -206,7 +208,7 @@ class Trainer:
         self.scheduler.step()
         self._phase("sync", step)
         self.engine.sync(self.policy)
-        gap, corrected = update.engine_gap(cfg, batch, old, first, gap)  # + rl.engine_is's
+        gap, corrected = update.engine_gap(cfg, batch, old, first, gap, passes)  # + engine_is
         metrics = step_metrics(
             cfg, out, batch.mask, gap, self.updates, lr, time.perf_counter() - t0
         )
