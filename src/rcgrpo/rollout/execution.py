@@ -110,6 +110,16 @@ def trainable_state(model) -> dict:
     return {k: p.detach().cpu().clone() for k, p in model.named_parameters() if p.requires_grad}
 
 
+def load(spec: RolloutSpec):
+    """(policy, engine) of a RolloutSpec, in a Ray worker's process."""
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.runtime import apply_defaults
+
+    apply_defaults()
+    policy = load_policy(spec.model, adapter_path=spec.path)
+    return policy, make_engine(spec.rollout, policy)
+
+
 class ShardedEngine:
     """The Engine interface (rollout, sync, score, watch, cfg) in this process (one call, no
     shards) or over shards on Ray workers. What the trainer reads of an engine (its resolved
@@ -216,6 +226,9 @@ class Backend:
             @ray.method(concurrency_group="control")
             def state(self):
                 return RolloutWorker.state(self)
+
+            def build(self, spec):
+                return load(spec)
 
         cls = ray.remote(concurrency_groups={"control": 1})(Worker)
         opts = dict(

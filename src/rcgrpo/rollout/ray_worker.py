@@ -14,17 +14,6 @@ from __future__ import annotations
 import os
 
 
-def load(spec):
-    """(policy, engine) of a RolloutSpec, in the worker's process."""
-    from rcgrpo.models.loading import load_policy
-    from rcgrpo.rollout.execution import make_engine
-    from rcgrpo.runtime import apply_defaults
-
-    apply_defaults()
-    policy = load_policy(spec.model, adapter_path=spec.path)
-    return policy, make_engine(spec.rollout, policy)
-
-
 def run_shard(engine, task_ids, tokens, protocol, seed, first_index):
     """(rollouts, the engine's metrics) of one shard."""
     from rcgrpo.bfcl.tasks import get_task
@@ -35,15 +24,20 @@ def run_shard(engine, task_ids, tokens, protocol, seed, first_index):
 
 
 class RolloutWorker:
-    """A Ray actor: one policy + engine, built from a RolloutSpec; serves shards and probes."""
+    """A Ray actor: one policy + engine, built from a RolloutSpec; serves shards and probes.
+    `build(spec)` -> (policy, engine) is the driver's (rcgrpo.rollout.execution: make_engine
+    lives there, and that module imports this one)."""
 
     def __init__(self, spec, env=None):
         if env is not None:  # the run's `env:` section, for this worker's tool sandboxes
             from rcgrpo.bfcl import sandbox
 
             sandbox.use(env)
-        self.policy, self.engine = load(spec)
+        self.policy, self.engine = self.build(spec)
         self.version, self.busy = 0, False
+
+    def build(self, spec):
+        raise NotImplementedError
 
     def _update(self, version: int, weights) -> None:
         """Take the driver's weights of `version` (nested in a list: resolved here, only when
