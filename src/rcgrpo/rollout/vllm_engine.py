@@ -117,13 +117,13 @@ class VLLMEngine(Engine):
 
     def _start(self, policy) -> None:
         from rcgrpo.models.export import export_for_serving, reward_rows
-        from rcgrpo.models.serving import served_root, shared_base
+        from rcgrpo.models.serving import base_for
 
         self._stop_servers()
         cfg = self.cfg
         devices = self.server_devices()  # before the export: a bad config fails fast
-        if policy.is_lora:  # one served base per run (models.serving), else this engine's own
-            self.base = shared_base(policy, served_root() or self.workdir / "served")
+        if policy.is_lora:  # one served base per run or node (models.serving), else its own
+            self.base = base_for(policy, self.workdir / "served")
         else:
             self.base = export_for_serving(policy, self.workdir / "base")
         self.served_rows = reward_rows(policy)
