@@ -60,6 +60,7 @@ class Assumed:
     measured: dict = dataclasses.field(default_factory=dict)
     why: dict = dataclasses.field(default_factory=dict)
     origin: str = ""  # the calibration it came from, one line; "" = the constants as they are
+    kind: str | None = None  # the measured GPU's key in constants.GPUS (None: another device)
 
     def source(self, name: str) -> str:
         """'measured ...' or 'assumed' (with the calibration's reason where it gave one)."""
@@ -127,8 +128,9 @@ def load(path: str | Path) -> Assumed:
         else:
             values[field] = value
             measured[field] = f"measured ({where}: {path.name})"
+    origin, kind = f"{path} ({where})", device.get("kind")
     return dataclasses.replace(
-        ASSUMED, **values, measured=measured, why=why, origin=f"{path} ({where})"
+        ASSUMED, **values, measured=measured, why=why, origin=origin, kind=kind
     )
 
 

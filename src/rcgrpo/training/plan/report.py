@@ -112,6 +112,8 @@ def make_plan(
     )
     if k.origin:
         plan.head.append(f"calibration {k.origin}")
+        if C.GPUS.get(k.kind or "") is not gpu:
+            plan.head.append(f"  measured on {k.kind or 'another device'}, not this {gpu.name}")
     usable = room * (1 - C.HEADROOM)
 
     # fine-tuning: the whole GPU, no engine
