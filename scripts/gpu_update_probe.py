@@ -261,7 +261,6 @@ def run(args, dev) -> dict:
     torch.manual_seed(0)
     model, cfg, ref, lora = build(args, dev)
     from rcgrpo.models.profiles import LORA_TARGETS
-    from rcgrpo.training.forward import packs
 
     arch = pc.probe_arch(cfg)
     weights = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
@@ -272,8 +271,6 @@ def run(args, dev) -> dict:
     n = sum(p.numel() for p in model.parameters())
     print(f"model {n / 1e9:.2f}B params, built in {time.perf_counter() - t0:.1f} s")
     step(model, ref, *pc.one_episode(min(args.tokens, 1024), args.share), dev)  # warm-up
-    if packs(model):
-        print("the model trains with packed rows (flash-attention): the probe counts padded rows")
     rollouts = pc.replayed(args.rows, args.scale)
     cases = [
         ("worst case: one episode", pc.one_episode(args.tokens, args.share), False),
