@@ -93,11 +93,10 @@ def build_trainer(
 
     check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
     tasks = rl_tasks(cfg)  # before loading the model: a missing data file fails in a second
+    colocate.trainer_allocator()  # before CUDA initialises: set_device below does
     # under a launcher: this rank's GPU (cuda:LOCAL_RANK), bound before anything loads; the
     # rank then owns its engine on that device (its own vLLM server pinned to it)
     device = distributed.local_device(model_cfg.device)
-    if rollout_cfg.engine == "vllm":  # expandable segments in the trainer, never in vLLM
-        colocate.trainer_env()  # before CUDA's first allocation
     policy = load_policy(dataclasses.replace(model_cfg, device=device), adapter_path=start)
     freeze_reward_rows(policy)  # under every engine: see rl_tags
     engine = make_engine(rollout_cfg, policy, device=policy.config.device)
