@@ -171,7 +171,7 @@ def test_episodes_with_no_room_warn_and_a_batch_of_them_fails(qwen):
     sizes = [bfcl_loop(t, renderer, "combined", None, Limits(8, 10**6), False).prompt_len
              for t in (short, long_)]  # fmt: skip
     engine = make_engine(RolloutConfig(temperature=0.0, max_new_tokens=4, max_steps=1,
-                      max_total_tokens=(min(sizes) + max(sizes)) // 2), qwen, BFCL,)  # fmt: skip
+                      max_total_tokens=(min(sizes) + max(sizes)) // 2), qwen, BFCL)  # fmt: skip
     if sizes[0] > sizes[1]:
         short, long_ = long_, short
     with pytest.warns(UserWarning, match="1 of 2 episodes sampled no token"):
