@@ -80,10 +80,13 @@ class RunConfig:
     @classmethod
     def load(cls, path: Path) -> RunConfig:
         """A run_config.json back, every section checked again (a hand edit fails in one line)."""
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(f"--config {path}: not a readable run_config.json ({e})") from None
+        try:  # ValueError: bad JSON, bytes that are not UTF-8, a number of over 4,300 digits
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            reason = " ".join(str(e).split())[:200]
+            raise ConfigError(
+                f"--config {path}: not a readable run_config.json ({reason})"
+            ) from None
         return cls.from_dict(data, f"--config {path}")
 
     @classmethod

@@ -102,9 +102,11 @@ def run(
                     "observations": step.observations,
                 }
             )
-            # a call killed by a limit had no effect: scoring it would only overrun again
-            kept = [c for c, o in zip(step.calls, step.overran, strict=True) if not o]
-            turn_executed.append([str(c) for c in kept])
+            # what ran, as the agent loop records it: a call refused live (a function this
+            # episode does not offer) or killed by a limit had no effect, so it is not scored
+            kept = [str(c) for c, ran in zip(step.calls, step.executed, strict=True) if ran]
+            if kept:  # a step where nothing ran is no step of the trajectory (agent loop)
+                turn_executed.append(kept)
         out_turns.append({"user": [m["content"] for m in user], "steps": steps})
         executed.append(turn_executed)
     paper, bfcl = score(task, executed)

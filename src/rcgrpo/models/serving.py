@@ -8,7 +8,8 @@ file lock (the first rank to ask writes it, the local ranks after it wait and re
 every later engine of the run (RL's ranks, the evaluations) whose rows are the same serves the
 same folder. The folder lives under the run's output (`served_bases`, entered by `rcgrpo run`,
 sets RCGRPO_SERVED_DIR for the stages and their torchrun ranks) and is removed when the run
-ends; an engine outside a run exports into its own working folder, removed when it closes.
+ends, or by the next run when a kill -9 gave it no chance; an engine outside a run exports into
+its own working folder, removed when it closes.
 
     .venv/bin/pytest tests/test_lifecycle.py -q -k export
 """
@@ -22,6 +23,8 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+from rcgrpo.owned import private_dir, sweep_dead
 
 SERVED_ENV = "RCGRPO_SERVED_DIR"  # the run's folder of served bases (set by served_bases)
 DONE = ".complete"  # written last: a folder without it is an interrupted export
@@ -50,7 +53,7 @@ def shared_base(policy, root: Path) -> Path:
     exclusive lock on root/.lock) and reused by every later one with the same key."""
     from rcgrpo.models.export import export_for_serving
 
-    root.mkdir(parents=True, exist_ok=True)
+    private_dir(root)  # the user's alone: nobody else reads the weights or holds the lock
     folder = root / base_key(policy)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
@@ -65,8 +68,10 @@ def shared_base(policy, root: Path) -> Path:
 @contextlib.contextmanager
 def served_bases(folder: str | Path) -> Iterator[Path]:
     """The run's folder of served bases for everything started inside (env RCGRPO_SERVED_DIR,
-    inherited by the stages' processes), removed on the way out however the run ends."""
+    inherited by the stages' processes), removed on the way out however the run ends. The
+    folders `served-<pid>` beside it whose run is gone (a kill -9 runs no `finally`) go first."""
     folder = Path(folder).resolve()
+    sweep_dead(folder.parent, "served-")
     old = os.environ.get(SERVED_ENV)
     os.environ[SERVED_ENV] = str(folder)
     try:
