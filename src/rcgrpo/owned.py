@@ -1,5 +1,6 @@
-"""What is this user's own on disk: folders only the user can enter (0700), the project's lock
-folder, and the removal of what a dead owner left.
+"""What is this user's own on disk: folders only the user can enter (0700), where the lock files
+live (the project's `cache/locks/`, a DVC project's `.dvc/tmp/rcgrpo-locks/`), and the removal of
+what a dead owner left.
 
 Why a folder of its own for the locks: `flock` needs only read access, so a lock file any other
 local user can open (0644 in a 0755 folder) can be held by them, and every run, prune and build

@@ -24,9 +24,9 @@ import uuid
 from pathlib import Path
 
 from rcgrpo.data.versioning import BuildLocked, VersioningError, _git, _md5_of, _remote_dir, push
-from rcgrpo.owned import lock_dir
+from rcgrpo.owned import private_dir
 
-LOCK_NAME = "rcgrpo-build.lock"  # in the project's lock folder (rcgrpo.owned.lock_dir)
+LOCK_NAME, LOCKS = "rcgrpo-build.lock", "rcgrpo-locks"  # .dvc/tmp/rcgrpo-locks/<the lock>
 JOURNAL = "rcgrpo-publish.json"  # in .dvc/tmp: what a publish in progress has moved where
 STAGING, KEPT, PREVIOUS = "rcgrpo-staging-", "rcgrpo-kept-", "rcgrpo-previous-"
 
@@ -160,8 +160,9 @@ def build_lock(root: str | Path, timeout: float = 600.0):
     """Exclusive lock on data/ for one build or rollback; waits up to `timeout` seconds."""
     from filelock import FileLock, Timeout
 
-    (Path(root) / ".dvc" / "tmp").mkdir(parents=True, exist_ok=True)  # the journal's folder
-    folder = lock_dir(root)  # 0700: no other user can open (and so hold) the lock file
+    # 0700, in .dvc/tmp (ignored by git and DVC, in any DVC project): no other user can open the
+    # lock file, so none can hold it
+    folder = private_dir(Path(root) / ".dvc" / "tmp" / LOCKS)
     lock, info = FileLock(str(folder / LOCK_NAME), mode=0o600), folder / f"{LOCK_NAME}.holder"
     try:
         lock.acquire(timeout=timeout)
