@@ -51,6 +51,10 @@ def test_env_errors_say_what_and_where(tmp_path):
     assert result.returncode != 0 and "not valid JSON" in result.stderr
     result = run("env", "run", "multi_turn_base_1", "--calls", str(tmp_path / "none.json"))
     assert result.returncode != 0 and "does not exist" in result.stderr
+    bad.write_text("[[" + "9" * 5000 + "]]")  # a traceback before
+    result = run("env", "run", "multi_turn_base_1", "--calls", str(bad))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "Invalid value for --calls" in result.stderr and "4300 digits" in result.stderr
     result = run("env", "show", "multi_turn_base_1000")
     assert result.returncode != 0 and "unknown task id" in result.stderr
 

@@ -172,20 +172,25 @@ def test_unknown_task_id_fails_in_one_line_before_the_model_loads(tmp_path):
 @pytest.mark.parametrize(
     ("content", "says"),
     [
-        (b'{"pipeline": "\xff\xfe"}', "can't decode byte 0xff"),
+        (b'{\n "pipeline": "\xff\xfe"}', "line 2: byte 0xff is not UTF-8"),
         (b'{"pipeline": ' + b"9" * 5000 + b"}", "4300 digits"),
     ],
 )
 def test_bad_run_config_files_fail_in_one_line(tmp_path, content, says):
-    """`rcgrpo train STAGE --config FILE` (what DVC and every torchrun rank run): a file that is
-    not UTF-8, or holds a number of 5,000 digits, ended in a traceback."""
+    """`rcgrpo train STAGE --config FILE` (what DVC and every torchrun rank run) and
+    `--params FILE`: a file that is not UTF-8, or holds a number of 5,000 digits, ended in a
+    traceback."""
     from test_hardening import one_line_error
 
     bad = tmp_path / "run.json"
     bad.write_bytes(content)
     out = cli("train", "rctp", "--config", str(bad))
-    one_line_error(out, f"--config {bad}: not a readable run_config.json")
+    one_line_error(out, f"--config {bad}: ")
     assert says in out.stderr
+    if b"\xff" in content:  # params.yaml, read by every command
+        (tmp_path / "params.yaml").write_bytes(b"rl:\n  lr: \xff\n")
+        out = cli("train", "rctp", "--params", str(tmp_path / "params.yaml"))
+        one_line_error(out, f"{tmp_path / 'params.yaml'}: line 2: byte 0xff is not UTF-8")
 
 
 def test_alias_bomb_in_a_committed_data_dvc_is_one_line(tmp_path):

@@ -63,6 +63,10 @@ def _read_calls_file(path: Path) -> list[list[str]]:
         raise typer.BadParameter(
             f"{path} is not valid JSON: {e.msg} (line {e.lineno})", param_hint="--calls"
         ) from None
+    except ValueError as e:  # a number of over 4,300 digits
+        raise typer.BadParameter(
+            f"{path}: {' '.join(str(e).split())[:120]}", param_hint="--calls"
+        ) from None
     if not (
         isinstance(turns, list)
         and all(isinstance(t, list) and all(isinstance(c, str) for c in t) for t in turns)
