@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -176,21 +177,27 @@ def test_remove_tree_takes_any_depth_without_recursion(tmp_path):
     assert (outside / "keep").read_text() == "kept"
 
 
-def test_a_killed_runs_served_base_is_swept_at_the_next_run(tmp_path):
-    """`rcgrpo run` exports its served base into outputs/served-<pid>/; a kill -9 runs no
-    `finally`, so the next run removes what a dead pid left (and keeps a live one's)."""
-    from rcgrpo.models.serving import served_bases
+def test_a_killed_runs_served_base_is_swept_at_the_next_run(tmp_path, monkeypatch):
+    """`rcgrpo run` exports its served base into outputs/served-<host>-<pid>/; a kill -9 runs no
+    `finally`, so the next run on this host removes what a dead pid of this host left (a live
+    one's, and another node's on a shared outputs/, stay)."""
+    from rcgrpo.models.serving import node_bases
 
     outputs = tmp_path / "outputs"
-    left = outputs / f"served-{DEAD}" / "0123abcd"
+    here = f"served-{socket.gethostname()}-"
+    left = outputs / f"{here}{DEAD}" / "0123abcd"
     left.mkdir(parents=True)
     (left / "model.safetensors").write_bytes(b"\0" * 1024)
-    live = outputs / f"served-{os.getpid()}-other"
-    live.mkdir()
-    with served_bases(outputs / "served-next") as folder:
-        assert not (outputs / f"served-{DEAD}").exists()
-        assert live.is_dir() and folder.name == "served-next"
-    assert sweep_dead(outputs, "served-") == []  # nothing dead is left
+    kept = [outputs / f"{here}{os.getppid()}", outputs / f"served-another-node-{DEAD}"]
+    for folder in kept:
+        folder.mkdir()
+    monkeypatch.setenv("RCGRPO_PROJECT", str(tmp_path))
+    monkeypatch.delenv("RCGRPO_SERVED_DIR", raising=False)
+    with node_bases() as folder:  # what `rcgrpo run` and each torchrun launch enter
+        assert folder.name == f"{here}{os.getpid()}"
+        assert not (outputs / f"{here}{DEAD}").exists()
+        assert all(k.is_dir() for k in kept)
+    assert sweep_dead(outputs, here) == []  # nothing dead of this host is left
 
 
 # -- the leftover-server warning ----------------------------------------------------------------
