@@ -22,7 +22,17 @@ from pathlib import Path
 
 from rcgrpo.procs import port_is_mine
 from rcgrpo.runtime import apply_defaults
-from rcgrpo.servers import HOST, _logs, _spawn, answers, prefect_auth, stop, uvicorn, wait_ready
+from rcgrpo.servers import (
+    HOST,
+    _logs,
+    _spawn,
+    answers,
+    prefect_auth,
+    private_prefect_home,
+    stop,
+    uvicorn,
+    wait_ready,
+)
 
 
 def prefect_api_running(port: int = 4200, home: Path | None = None) -> tuple[str, str] | None:
@@ -59,6 +69,7 @@ def private_prefect(log_dir: Path | None = None, timeout: float | None = None):
     PREFECT_API_AUTH_STRING point this process (and its children) at it inside the block.
     Queued Prefect logs and events are sent before it stops. Start it from the main thread."""
     apply_defaults()
+    private_prefect_home()  # its database: the flow runs' parameters and logs
     with contextlib.closing(__import__("socket").socket()) as s:
         s.bind((HOST, 0))
         port = s.getsockname()[1]

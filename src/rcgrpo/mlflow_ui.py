@@ -38,6 +38,7 @@ import secrets
 import uuid
 from pathlib import Path
 
+from rcgrpo.owned import private_dir
 from rcgrpo.runtime import apply_defaults
 from rcgrpo.servers import HOST, Server, _logs, _spawn, check_port, uvicorn
 
@@ -126,8 +127,7 @@ def start_mlflow(store: Path, port: int = 5000, log_dir: Path | None = None) -> 
     """The MLflow UI on <store>/mlflow.db and <store>/artifacts, behind the guard (see above)."""
     apply_defaults()
     check_port(port, "--mlflow-port")
-    store = Path(store).resolve()
-    store.mkdir(parents=True, exist_ok=True)
+    store = private_dir(Path(store).resolve())  # the runs are the user's alone (0700)
     password(store)  # made here, before the server reads it
     url = f"http://{HOST}:{port}"
     db = f"sqlite:///{store / 'mlflow.db'}"

@@ -37,6 +37,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from rcgrpo.owned import private_dir, private_files
 from rcgrpo.procs import GRACE_S, child_env, guarded, port_free, port_owner
 from rcgrpo.runtime import apply_defaults, project_root
 
@@ -84,6 +85,7 @@ def _spawn(name: str, cmd: list[str], env: dict, url: str, health: str, log: Pat
             stdin=subprocess.DEVNULL,
             cwd=log.parent,
             start_new_session=True,
+            umask=0o077,  # what a server writes (its SQLite database) is the user's alone
         )
     return Server(name, proc, url, health, log)
 
@@ -101,6 +103,14 @@ def _logs(log_dir: Path | None) -> Path:
 
 def prefect_home(home: Path | None = None) -> Path:
     return Path(home or os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+
+
+def private_prefect_home(home: Path | None = None) -> Path:
+    """PREFECT_HOME as the user's alone before a Prefect server uses it: 0700, its SQLite
+    database (every flow run, its parameters and logs) 0600, also one made before."""
+    folder = private_dir(prefect_home(home))
+    private_files(folder, "prefect.db*")
+    return folder
 
 
 def prefect_auth(home: Path | None = None, create: bool = True) -> str | None:
@@ -132,6 +142,7 @@ def start_prefect(
     env.pop("PREFECT_API_URL", None)  # the server itself must not point at another one
     if home is not None:
         env["PREFECT_HOME"] = str(home)
+    private_prefect_home(home)
     url = f"http://{HOST}:{port}"
     auth = prefect_auth(home)
     env["PREFECT_SERVER_API_AUTH_STRING"] = env["PREFECT_API_AUTH_STRING"] = auth

@@ -58,6 +58,7 @@ USER_ERRORS = (
     "rcgrpo.chat.record:RecordError",
     "rcgrpo.servers:ServerError",
     "rcgrpo.run_lock:RunLocked",
+    "rcgrpo.owned:NotOwned",
     "rcgrpo.data.objects:ObjectError",
     "builtins:FileNotFoundError",
     "rcgrpo.training.plan.memory:NoFit",
