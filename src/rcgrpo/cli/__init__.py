@@ -61,6 +61,8 @@ USER_ERRORS = (
     "rcgrpo.data.objects:ObjectError",
     "builtins:FileNotFoundError",
     "rcgrpo.training.plan.memory:NoFit",
+    "rcgrpo.training.rendezvous:Refused",
+    "rcgrpo.training.grpo.exchange:ExchangeError",
 )
 
 
