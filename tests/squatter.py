@@ -104,10 +104,13 @@ class Squatter:
             self.lines.append(json.loads(line))
 
     def take(self, port: int) -> None:
-        if port not in self.asked:
+        if port not in self.asked and self.proc.poll() is None:
             self.asked.add(port)
-            self.proc.stdin.write(f"{port}\n")
-            self.proc.stdin.flush()
+            try:
+                self.proc.stdin.write(f"{port}\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError):  # it was stopped meanwhile
+                pass
 
     def took(self) -> list[int]:
         return [x["took"] for x in self.lines if "took" in x]
@@ -120,6 +123,7 @@ class Squatter:
         return self
 
     def __exit__(self, *exc) -> None:
+        time.sleep(0.1)  # a watcher's last hand-over
         self.proc.kill()
         self.proc.wait()
         self._reader.join(timeout=5)

@@ -139,7 +139,7 @@ def run_env(home: Path | None = None) -> dict:
 
 
 @pytest.mark.slow
-def test_a_node_without_the_runs_secret_is_refused(tmp_path, sft_data):
+def test_a_node_without_the_runs_secret_is_refused(tmp_path, sft_data, mlflow_store):
     """Node 1 here is another user's process running the genuine command, with its own copy
     of the out_dir (it cannot read node 0's secret): both nodes stop before training, each
     naming why in one line; node 0 trained nothing with it."""
@@ -191,7 +191,7 @@ def wait_for(check, limit: float, step: float = 0.2) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
-def test_a_killed_train_leaves_no_rendezvous_listening(tmp_path, sft_data, sig):
+def test_a_killed_train_leaves_no_rendezvous_listening(tmp_path, sft_data, mlflow_store, sig):
     """Node 0 of 2, waiting at its rendezvous for a node 1 that never comes: SIGINT (Ctrl-C),
     SIGTERM, SIGHUP or SIGKILL (the parent's death) of the command closes the rendezvous and
     stops everything it started (before: the agent kept listening for its 600 s timeout)."""
@@ -237,7 +237,7 @@ def listeners_of(pid: int) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("killed", ["command", "agent"])
-def test_a_killed_train_leaves_no_rank_training(tmp_path, sft_data, killed):
+def test_a_killed_train_leaves_no_rank_training(tmp_path, sft_data, mlflow_store, killed):
     """`--procs 2`, killed while both ranks train: SIGTERM to the command, or the agent itself
     killed outright (its ranks then get SIGKILL from the kernel). Nothing it started is left
     (before: the agent and its ranks trained on). While they run, the rendezvous and the ranks'

@@ -175,8 +175,8 @@ def port_owner(port: int) -> str:
         except OSError:
             continue
         if any(link[8:-1] in inodes for link in links if link.startswith("socket:[")):
-            raw = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").strip()
-            return f"pid {pid} ({raw.decode(errors='replace')[:120]})"
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            return f"pid {pid} ({' '.join(raw.decode(errors='replace').split())[:120]})"
     return "a process this user cannot see" if inodes else "a socket not listening yet"
 
 
