@@ -122,7 +122,7 @@ def private_prefect(log_dir: Path | None = None, timeout: float | None = None):
     factory = "prefect.server.api.server:create_app"
     cmd = uvicorn(site, factory, sock, "--log-level", "error", "--lifespan", "on")
     log = _logs(log_dir) / "prefect-private.log"
-    server = _spawn("Prefect API (this command's)", cmd, env, "{url}/api/health", log, sock)
+    server = _spawn("Prefect API (this command's)", cmd, env, "/api/health", log, sock)
     server.auth, url = auth, server.url
     try:
         limit = timeout or float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])

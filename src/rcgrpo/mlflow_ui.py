@@ -164,4 +164,4 @@ def start_mlflow(store: Path, port: int = 5000, log_dir: Path | None = None, soc
     cmd = uvicorn(
         src, "rcgrpo.mlflow_ui:create_app", sock, "--workers", "1", "--log-level", "warning"
     )
-    return _spawn("MLflow UI", cmd, env, "{url}/health", _logs(log_dir) / "mlflow-ui.log", sock)
+    return _spawn("MLflow UI", cmd, env, "/health", _logs(log_dir) / "mlflow-ui.log", sock)

@@ -68,12 +68,6 @@ class Server:
     sock: socket.socket | None = None  # the listening socket it was given; closed by stop()
 
 
-def _bin(name: str) -> str:
-    """The console script next to this interpreter (the venv's), else whatever PATH has."""
-    here = Path(sys.executable).parent / name
-    return str(here) if here.exists() else name
-
-
 def listen(port: int, option: str) -> socket.socket:
     """A socket listening on HOST:port (0: a free one), bound here for a server to be handed
     (see the module doc); ServerError in one line naming the process that holds the port."""
@@ -94,7 +88,8 @@ def listen(port: int, option: str) -> socket.socket:
 def _spawn(
     name: str, cmd: list[str], env: dict, health: str, log: Path, sock: socket.socket
 ) -> Server:
-    """The guarded server `cmd`, given `sock` under the same descriptor number (uvicorn --fd)."""
+    """The guarded server `cmd`, given `sock` under the same descriptor number (uvicorn --fd);
+    `health` the path that answers 200 once it is ready."""
     log.parent.mkdir(parents=True, exist_ok=True)
     fd = sock.fileno()
     try:
@@ -112,7 +107,7 @@ def _spawn(
     except BaseException:
         sock.close()
         raise
-    return Server(name, proc, url_of(sock), health.format(url=url_of(sock)), log, sock=sock)
+    return Server(name, proc, url_of(sock), url_of(sock) + health, log, sock=sock)
 
 
 def url_of(sock: socket.socket) -> str:
@@ -183,7 +178,7 @@ def start_prefect(
     site = str(Path(importlib.util.find_spec("prefect").origin).parents[1])
     cmd = uvicorn(site, "prefect.server.api.server:create_app", sock, "--log-level", "warning")
     log = _logs(log_dir) / "prefect-server.log"
-    server = _spawn("Prefect UI", cmd, env, "{url}/api/health", log, sock)
+    server = _spawn("Prefect UI", cmd, env, "/api/health", log, sock)
     server.auth = auth
     return server
 
