@@ -10,7 +10,11 @@ A server started by `rcgrpo` (the two UIs of `rcgrpo ui`, the Prefect API server
     group; it re-checks getppid() right after the prctl (the caller may have died before);
   * on SIGTERM / SIGINT / SIGHUP, or when the command exits by itself, the guard sends SIGTERM
     to the whole group and SIGKILL after `--grace` seconds (a uvicorn that waits for a
-    browser's open websocket would hold the port much longer), then exits.
+    browser's open websocket would hold the port much longer), then exits;
+  * the guard unblocks those three signals first: a signal mask is inherited across fork and
+    exec, and a caller that had SIGTERM blocked (a thread of a library that blocks signals
+    while it spawns) gave a guard that never saw its stop, so `servers.stop` killed the guard
+    after 15 s and the server ran on, orphaned.
 
 PR_SET_PDEATHSIG fires when the *thread* that forked the guard exits, so `guarded` called from
 another thread (a Prefect task's worker thread) asks the guard to rely on the getppid() poll
@@ -34,6 +38,7 @@ import time
 from pathlib import Path
 
 GRACE_S = 5.0  # SIGTERM -> SIGKILL: ports are free within ~6 s of a stop
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what stops a guard
 
 
 def guarded(
@@ -124,8 +129,9 @@ def guard_main(argv: list[str]) -> int:
     if os.getppid() != ppid:  # the caller died before the prctl took effect
         return 1
     stopping: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, lambda n, _f: stopping.append(n))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # the command inherits this mask
     child = subprocess.Popen(cmd, start_new_session=True, pass_fds=fds)
     while not stopping and os.getppid() == ppid and child.poll() is None:
         time.sleep(0.5)

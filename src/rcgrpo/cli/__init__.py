@@ -63,6 +63,7 @@ USER_ERRORS = (
     "rcgrpo.training.plan.memory:NoFit",
     "rcgrpo.training.rendezvous:Refused",
     "rcgrpo.training.grpo.exchange:ExchangeError",
+    "rcgrpo.training.grpo.sync_probe:StaleEngine",
 )
 
 

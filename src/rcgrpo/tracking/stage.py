@@ -179,11 +179,18 @@ def launch(
     # torchrun leaves a torchelastic_* folder in TMPDIR per launch: this node's own, removed
     tmp = Path(cfg.out_dir) / f".torchrun-{socket.gethostname()}-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "TMPDIR": str(tmp), SECRET_ENV: str(Path(cfg.out_dir) / SECRET_FILE)}
-    if rc.plan.nodes == 1:
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the ranks' gloo pairs on loopback too
-    try:
-        done = _run_guarded(guarded(cmd), env)
+    from rcgrpo.models.serving import node_bases
+
+    try:  # the node's ranks serve one base export between them (models.serving)
+        with node_bases():
+            env = {
+                **os.environ,
+                "TMPDIR": str(tmp),
+                SECRET_ENV: str(Path(cfg.out_dir) / SECRET_FILE),
+            }
+            if rc.plan.nodes == 1:
+                env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the ranks' gloo pairs on loopback too
+            done = _run_guarded(guarded(cmd), env)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     final = Path(cfg.out_dir) / "final"
