@@ -296,12 +296,15 @@ def test_a_stalled_rank_is_named_and_the_run_fails_within_the_window(tmp_path):
 
     from test_distributed import WORKER, free_port
 
+    from rcgrpo.training.rendezvous import SECRET_ENV, write_secret
+
     src = Path(__file__).parents[1] / "src"
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
     }
     env["RCGRPO_TEST_STALL"] = "1:update:600"
+    env[SECRET_ENV] = str(write_secret(tmp_path))  # what every rank proves first
     env["TMPDIR"] = str(tmp_path)  # torchrun's torchelastic_* folder, left behind on a failure
     cmd = [
         sys.executable,

@@ -62,6 +62,8 @@ USER_ERRORS = (
     "rcgrpo.data.objects:ObjectError",
     "builtins:FileNotFoundError",
     "rcgrpo.training.plan.memory:NoFit",
+    "rcgrpo.training.rendezvous:Refused",
+    "rcgrpo.training.grpo.exchange:ExchangeError",
     "rcgrpo.training.grpo.sync_probe:StaleEngine",
 )
 
