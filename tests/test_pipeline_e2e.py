@@ -143,3 +143,29 @@ def test_main_command_on_tiny_profile(prefect_server, tmp_path):
     text = summary.read_text()
     assert "Table 1" in text and (summary.parent / "zero_variance.png").exists()
     assert "before and after RL" in text and "| high | " in text and "not expected to solve" in text
+
+
+def test_the_calculator_through_the_main_command(prefect_server, tmp_path):
+    """`rcgrpo run --set env.name=calculator`: data, fine-tuning, RL and the evaluation on the
+    calculator, its checks by name in MLflow, and no BFCL name in what the run wrote."""
+    proj = copy_project(project_root(), tmp_path / "proj")
+    sets = [*TINY, "env.name=calculator", "dataset.train_categories=[]", "eval.limit=4"]
+    code, text = run_in_copy(proj, "tiny", sets, timeout=900)
+    assert code == 0, text[-5000:]
+    assert "pipeline finished" in text
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{proj}/mlflow/mlflow.db"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("rcgrpo").experiment_id])
+    by_name = {r.info.run_name: r for r in runs}
+    assert {"pipeline", "rctp", "rl", "eval"} <= set(by_name)
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert "eval/correct/high/pooled" in by_name["eval"].data.metrics
+    assert "eval/used_tool/high/pooled" in by_name["eval"].data.metrics
+    assert "rl_tasks/after/correct/gap" in by_name["pipeline"].data.metrics
+    names = [m for r in runs for m in r.data.metrics] + [
+        str(p.relative_to(proj)) for p in (proj / "outputs").rglob("*")
+    ]
+    assert not [n for n in names if "bfcl" in n.lower() or "paper" in n], names
