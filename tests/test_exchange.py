@@ -1,5 +1,5 @@
 """The byte format ranks exchange rollouts in (rcgrpo.training.grpo.exchange), by hand: the
-layout, a round trip, and one-line refusals of everything else, a pickle first (what
+layout, a round trip (each environment's named checks too), and one-line refusals of everything else, a pickle first (what
 all_gather_object sent: unpickling it ran the sender's code).
 
     .venv/bin/pytest tests/test_exchange.py -q
@@ -115,3 +115,20 @@ def test_anything_else_is_refused_in_one_line(data, said):
     message = str(e.value)
     assert message.startswith("rank 3 sent rollouts not in the exchange format: ")
     assert said in message and "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["bfcl", "calculator", "memory"])
+def test_each_environments_named_checks_cross_ranks_as_they_were(name):
+    """What every environment's scorer gives an expert rollout (its named checks and reasons)
+    is what the other rank decodes."""
+    from rcgrpo.envs import get
+    from rcgrpo.envs.config import EnvConfig
+
+    env = get(EnvConfig(name=name))
+    task = env.tasks("train")[0]
+    protocol = env.protocols[0]
+    rewards = env.scorer(protocol)(task, env.expert(task, protocol, "train"))
+    assert rewards.checks and rewards.train == 1.0
+    sampled = two_rollouts()[0][0]
+    rows, _ = decode(encode([(sampled, rewards)], {}), rank=1)
+    assert rows[0][1] == rewards
