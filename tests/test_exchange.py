@@ -1,6 +1,6 @@
 """The byte format ranks exchange rollouts in (rcgrpo.training.grpo.exchange), by hand: the
-layout, a round trip (each environment's named checks too), and one-line refusals of everything else, a pickle first (what
-all_gather_object sent: unpickling it ran the sender's code).
+layout, a round trip (each environment's named checks too), and one-line refusals of everything
+else, a pickle first (what all_gather_object sent: unpickling it ran the sender's code).
 
     .venv/bin/pytest tests/test_exchange.py -q
 """
