@@ -249,7 +249,7 @@ def test_a_server_stops_even_when_its_caller_blocked_the_stop_signals(tmp_path):
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
     try:
         server = servers._spawn("blocked", [sys.executable, "-c", SERVER], dict(os.environ),
-                                "", "", tmp_path / "server.log")  # fmt: skip
+                                "", tmp_path / "server.log", servers.listen(0, "test"))  # fmt: skip
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     below: set[int] = set()
