@@ -46,13 +46,14 @@ def preset_section(params: dict, preset: str, section: str, cls, extra: dict | N
     return build(cls, {**values, **(extra or {})}, f"params.yaml:{section} (preset {preset})")
 
 
-def build_data(params: dict, preset: str, folder: Path):
-    """The preset's train tasks and their mixed (RCTP) and expert (SFT) records."""
+def build_data(params: dict, preset: str, folder: Path, extra: dict | None = None):
+    """The preset's train tasks (with `extra` dataset settings) and their mixed (RCTP) and
+    expert (SFT) records."""
     from rcgrpo.chat.record import read_jsonl
     from rcgrpo.data.dataset import DatasetConfig, build_folder, tasks_of
 
-    cfg = preset_section(params, preset, "dataset", DatasetConfig,
-                         {"test_tasks": 4, "rollouts": "off", "commit": False, "push": False})  # fmt: skip
+    fixed = {"test_tasks": 4, "rollouts": "off", "commit": False, "push": False}
+    cfg = preset_section(params, preset, "dataset", DatasetConfig, {**fixed, **(extra or {})})
     build_folder(cfg, folder)
     rctp = folder / "rctp" / "train.jsonl"
     return tasks_of(rctp, "train"), read_jsonl(rctp), read_jsonl(folder / "sft" / "train.jsonl")

@@ -129,9 +129,25 @@ def load_tasks() -> dict[str, Task]:
     return tasks
 
 
+_REGISTERED: dict[str, Task] = {}  # tasks made here (value variants), by id
+
+
+def register(tasks: list[Task]) -> tuple[Task, ...]:
+    """Make `tasks` (made from BFCL's, e.g. rcgrpo.bfcl.value_variants) known to `get_task` in
+    this process; an id already taken by a different task is an error. Returns them."""
+    for task in tasks:
+        known = _REGISTERED.get(task.id) or load_tasks().get(task.id)
+        if known is not None and known is not task and known.ground_truth != task.ground_truth:
+            raise ValueError(f"task id {task.id!r} is taken by a different task")
+        _REGISTERED[task.id] = task
+    return tuple(tasks)
+
+
 def get_task(task_id: str) -> Task:
-    """One task by id; a clear error for an unknown id."""
+    """One task by id (BFCL's or a registered one); a clear error for an unknown id."""
     tasks = load_tasks()
+    if task_id in _REGISTERED:
+        return _REGISTERED[task_id]
     if task_id not in tasks:
         hint = ", ".join(f"multi_turn_{c}_0" for c in CATEGORIES)
         raise KeyError(f"unknown task id {task_id!r}: ids look like {hint} (numbers 0-199)")

@@ -39,7 +39,7 @@ import torch
 from rcgrpo.rollout.bfcl_environment import BFCL
 from rcgrpo.training import checkpoint, distributed, shared_forward, shared_prefix
 from rcgrpo.training.forward import packs
-from rcgrpo.training.grpo import engine_is, group_filter, rollouts, update
+from rcgrpo.training.grpo import engine_is, group_filter, presample, rollouts, update
 from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.metrics import step_metrics
 from rcgrpo.training.heartbeat import for_rank
@@ -113,6 +113,9 @@ class Trainer:
         self.pad_id = getattr(tok, "pad_token_id", None) or 0
         self.step = 0
         self.generated_tokens = 0  # every rollout's sampled tokens so far (budget)
+        self.no_signal = (  # rl.task_prefilter: each task's run of zero-variance groups
+            presample.NoSignal(cfg.prefilter_keep) if cfg.task_prefilter == "no_signal" else None
+        )
         self.run: dict = {}  # run_identity.begin: {run_id, config_hash}
         self.out = Path(cfg.out_dir)
 
@@ -155,8 +158,10 @@ class Trainer:
         """The step's groups drawn and rolled out at run seed `seed` (`cfg.seed`: the step's own
         draw; others: group_filter's refill rounds), handed to on_rollouts."""
         cfg = self.cfg if seed == self.cfg.seed else dataclasses.replace(self.cfg, seed=seed)
-        tasks, tokens = rollouts.draw(self.tasks, cfg, step)
+        tasks, tokens = rollouts.draw(self.tasks, cfg, step, self.no_signal)
         out = rollouts.roll_out(self.engine, self.ranks, tasks, tokens, cfg, step, self.score_fn)
+        if self.no_signal is not None:
+            self.no_signal.update(out)
         if self.on_rollouts is not None and distributed.is_main():
             self.on_rollouts(step, out)
         return out
@@ -213,8 +218,9 @@ class Trainer:
         metrics |= corrected
         fwd = shared_prefix.forward_metrics(batch.ids, lengths, passes, packed, self.shared)
         # + pad_frac, micro-batches, computed tokens (shared or not); with a filter, reward/* are
-        # the first draw's
-        return metrics | fwd | filtered
+        # the first draw's and the kept groups' are <name>_kept
+        kept = {f"{k}_kept": v for k, v in metrics.items() if k in filtered and "reward/" in k}
+        return metrics | fwd | filtered | kept
 
     # -- the loop ---------------------------------------------------------------------------------
     def save(self, step: int) -> Path:
@@ -224,7 +230,10 @@ class Trainer:
             self.optimizer,
             self.scheduler,
             step,
-            extra={"generated_tokens": self.generated_tokens},
+            extra={
+                "generated_tokens": self.generated_tokens,
+                "no_signal": self.no_signal.streaks if self.no_signal is not None else {},
+            },
             run=self.run,
         )
 
@@ -239,7 +248,10 @@ class Trainer:
             return 0
         state = checkpoint.load(ckpt, self.model, self.optimizer, self.scheduler)
         self.step = state["step"]
-        self.generated_tokens = int((state["extra"] or {}).get("generated_tokens", 0))
+        extra = state["extra"] or {}
+        self.generated_tokens = int(extra.get("generated_tokens", 0))
+        if self.no_signal is not None:
+            self.no_signal.streaks = dict(extra.get("no_signal", {}))
         self.engine.sync(self.policy)
         return self.step
 
