@@ -18,7 +18,9 @@ arena is one Prefect flow with a task per arm-run.
 
     .venv/bin/python bench/arena.py --seeds 0 --steps 1 --arms rc-grpo grpo --tasks 4   # smoke
     .venv/bin/python bench/arena.py --pilot                  # the start's held-out-value success
-    .venv/bin/python bench/arena.py                          # the full arena (hours on 2 cores)
+    .venv/bin/python bench/arena.py --budget B               # the full arena (hours on 2 cores)
+    .venv/bin/python bench/arena.py --budget B --id X --start 0 &  # the same on both cores:
+    .venv/bin/python bench/arena.py --budget B --id X --start 1    #   one process per start
     .venv/bin/python bench/arena.py report                   # the last arena's table, from MLflow
 """
 
@@ -52,6 +54,9 @@ ARMS = {
 DEFAULT_ARMS = ["rc-grpo", "grpo", "grpo+sign", "grpo+presample"]
 # at 64 new tokens a message only 21 of the 26 pool tasks can be solved at all
 FIXED = ["rollout.max_new_tokens=128"]
+# the starts' RCTP-FT: the cpu preset's 100 epochs are 400 optimizer steps on its 8 tasks; on
+# the 26-task pool (52 rows, batch 4) 30 epochs are 390 steps
+START = ["rctp.epochs=30"]
 STEP_CAP = 60  # rl.steps: a cap only; the budget stops a run
 
 
@@ -155,13 +160,15 @@ def run_arm(arm, k, seed, start_policy, start_info, ctx) -> dict:
                           temperature=rc.rollout.temperature).train()  # fmt: skip
         wall = time.perf_counter() - t0
         points.finish()
+        used = history[: int(points.done[-1]["arena/point_step"])]  # what the last point cost
         summary = {
-            "arena/steps": len(history),
+            "arena/steps": len(used),
+            "arena/steps_run": len(history),
             "arena/wall_s": wall,
-            **{f"arena/{k}": sum(m.get(f"rollout/{k}", 0.0) for m in history)
+            **{f"arena/{k}": sum(m.get(f"rollout/{k}", 0.0) for m in used)
                for k in ("generated_tokens", "prompt_tokens", "prefill_tokens", "generated")},
-            "arena/update_tokens": sum(m.get("perf/update_tokens", 0.0) for m in history),
-            "arena/optimizer_steps": sum(m.get("loss/optimizer_steps", 0.0) for m in history),
+            "arena/update_tokens": sum(m.get("perf/update_tokens", 0.0) for m in used),
+            "arena/optimizer_steps": sum(m.get("loss/optimizer_steps", 0.0) for m in used),
         }  # fmt: skip
         tracking.log_metrics(run_id, summary, 0)
     return {**summary, "points": points.done}
@@ -179,10 +186,10 @@ def run_arena(args) -> str:
     arms = [a for a in args.arms if a in ARMS]
     if unknown := sorted(set(args.arms) - set(ARMS)):
         raise SystemExit(f"error: unknown arm(s) {unknown}; the arms are {sorted(ARMS)}")
-    params = with_sets(read_params(), args.preset, args.set)
+    params = with_sets(read_params(), args.preset, [*START, *args.set])
     budgets = [round(args.budget * (j + 1) / args.points) for j in range(args.points)] if args.budget else [0]  # fmt: skip
     ctx = {"params": params, "preset": args.preset, "out": Path(args.out), "budget": args.budget,
-           "steps": args.steps or STEP_CAP, "id": uuid.uuid4().hex[:12], "plan": PLAN,
+           "steps": args.steps or STEP_CAP, "id": args.id or uuid.uuid4().hex[:12], "plan": PLAN,
            "budgets": budgets if args.budget else [float("inf")]}  # fmt: skip
 
     @task(cache_policy=NO_CACHE, name="arm-run")
@@ -197,7 +204,7 @@ def run_arena(args) -> str:
         print(f"arena {ctx['id']}: pool {len(pool)} tasks, held-out values "
               f"{len(ctx['sets']['heldout_values'])}, unseen {len(ctx['sets']['unseen'])}; "
               f"arms {arms}; starts {args.starts}; seeds {args.seeds}; budgets {ctx['budgets']}")  # fmt: skip
-        for k in range(args.starts):
+        for k in [args.start] if args.start >= 0 else range(args.starts):
             policy, info = setup.start(params, args.preset, pool, mixed, k, Path(args.cache))
             for seed in args.seeds:
                 for arm in arms:
@@ -217,7 +224,7 @@ def pilot(args) -> None:
     from rcgrpo.config import read_params
 
     apply_defaults()
-    params = with_sets(read_params(), args.preset, args.set)
+    params = with_sets(read_params(), args.preset, [*START, *args.set])
     pool, mixed = setup.pool_and_data(params, args.preset, args.tasks, {})
     sets = setup.heldout_sets(pool)
     policy, info = setup.start(params, args.preset, pool, mixed, 0, Path(args.cache))
@@ -236,7 +243,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", nargs="?", default="run", choices=["run", "report"],
                         help="run the arena, or reprint an arena's table from MLflow")  # fmt: skip
-    parser.add_argument("--id", default="", help="report: the arena id (default: the last one)")
+    parser.add_argument("--id", default="", help="the arena id (run: default a new one; report: the last)")  # fmt: skip
+    parser.add_argument("--start", type=int, default=-1,
+                        help="run only this start (one process per start and core, same --id)")  # fmt: skip
     parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, help=f"of {list(ARMS)}")
     parser.add_argument("--tasks", type=int, default=26, help="pool: short base train tasks")
     parser.add_argument("--starts", type=int, default=2, help="fine-tuned starts (cached)")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from learning import build_data, fine_tune, preset_section
 
-VARIANTS = 2  # held-out value variants per pool task
+VARIANTS = 4  # held-out value variants per pool task
 VARIANT_SEED = 7  # their values' draw (train values are BFCL's own)
 UNSEEN_MAX_CALLS = 4
 SETS = ("in_sample", "heldout_values", "unseen")

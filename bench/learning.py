@@ -21,7 +21,8 @@ claim, on held-out tasks at 7B: positive).
     .venv/bin/python bench/learning.py                       # 3 seeds, ~35-45 min on 2 cores
     .venv/bin/python bench/learning.py --seeds 0 --steps 10  # a quick look
     .venv/bin/python bench/learning.py --sft-epochs 100      # SFT sees the experts as often as RCTP
-    .venv/bin/python bench/learning.py --arms all            # the arena: bench/arena.py
+
+The arms against each other at equal budgets, with the run as the unit: bench/arena.py.
 """
 
 from __future__ import annotations
@@ -158,15 +159,7 @@ def main() -> None:
     parser.add_argument("--sft-epochs", type=int, default=0,
                         help="plain SFT epochs (0 = the preset's: 2/5 of RCTP-FT's, as the paper)")  # fmt: skip
     parser.add_argument("--out", default="outputs/bench/learning", help="results folder")
-    parser.add_argument("--arms", nargs="+", default=[],
-                        help="the arena instead (bench/arena.py): 'all' or arm names")  # fmt: skip
     args = parser.parse_args()
-    if args.arms:
-        from arena import ARMS, run_arena
-
-        arms = list(ARMS) if args.arms == ["all"] else args.arms
-        out = Path(args.out if args.out != "outputs/bench/learning" else "outputs/bench/arena")
-        return run_arena(arms, args.seeds, args.preset, args.steps, out)
     apply_defaults()
     import torch
 

@@ -131,6 +131,7 @@ def test_a_filtered_step_reports_the_first_draw_under_every_reward_column(tmp_pa
     best = max(range(3), key=lambda g: (float(seen[0].rewards[g].var(unbiased=False)), -g))
     assert m["reward/mean_high_kept"] == pytest.approx(float(seen[0].rewards[best].mean()))
     assert m["reward/mean_high_kept"] != m["reward/mean_high"]  # the bug's case: they differ
+    assert m["reward/other_checker_mean"] == m["reward/mean"]  # the toy's two checks agree
 
 
 def test_zero_variance_split_and_goal_variance_share_by_hand():
@@ -143,3 +144,16 @@ def test_zero_variance_split_and_goal_variance_share_by_hand():
     # group 3: SS total 1, goals 0.5 / 0.5 -> between 0; group 4: SS 1, goals 1 / 0 -> between 1
     assert goal_variance_share(rewards, is_high) == pytest.approx(0.5)
     assert goal_variance_share(rewards[:2], is_high[:2]) is None
+
+
+def test_a_refill_round_draws_tasks_the_step_has_not_drawn(tmp_path):
+    """DAPO's refill: a round after the first draws among the tasks the step has not drawn yet
+    (6 tasks, 3 a round: round 2 takes the other 3; round 3 finds none new and draws from all)."""
+    t = make(tmp_path, group_filter="drop_zero_variance", refill="oversample",
+             refill_max_rounds=2, steps=1)  # fmt: skip
+    t.score_fn = lambda task, rollout: Rewards(0.0, {"paper": 0, "bfcl": 0})  # all silent
+    rounds = []
+    t.on_rollouts = lambda step, out: rounds.append({task.id for task in out.tasks})
+    t.train_step(1)
+    assert len(rounds) == 3 and not rounds[0] & rounds[1]
+    assert rounds[0] | rounds[1] == {f"toy_{i}" for i in range(6)}

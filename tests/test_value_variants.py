@@ -14,7 +14,7 @@ import pytest
 
 from rcgrpo.bfcl.checkers import ground_truth_calls, score
 from rcgrpo.bfcl.conformance import cases, compare
-from rcgrpo.bfcl.tasks import get_task, tasks_in
+from rcgrpo.bfcl.tasks import get_task, split_of, tasks_in
 from rcgrpo.bfcl.value_variants import (
     fresh_value,
     replays_clean,
@@ -71,6 +71,7 @@ def test_a_variant_moves_each_value_through_text_calls_and_state_consistently():
     assert new_ticker in text and "XTC" not in text
     assert f"price of {new_ticker} is $150.75." in v.ground_truth[1][0]  # the sentence follows
     assert v.id == "multi_turn_base_101_v1" and (v.category, v.number) == ("base", 101)
+    assert split_of(v) == "train"  # the side of the scenario it was made from
 
 
 def test_a_substitution_that_breaks_the_replay_is_not_kept():

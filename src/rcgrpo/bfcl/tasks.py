@@ -181,6 +181,13 @@ def load_split(path: Path = SPLIT_FILE) -> dict[str, str]:
     return {**{i: "train" for i in split["train"]}, **{i: "test" for i in split["test"]}}
 
 
+def split_of(task: Task) -> str:
+    """"train" | "test" of a task: BFCL's from the split file; a registered task made from one
+    (a value variant) is on the side of the scenario it was made from."""
+    sides = load_split()
+    return sides.get(task.id) or sides[f"multi_turn_{task.category}_{task.number}"]
+
+
 def tasks_in(split: str, categories: tuple[str, ...] = CATEGORIES) -> list[Task]:
     """The tasks of one side of the split, in (category, number) order."""
     if split not in ("train", "test"):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from rcgrpo.bfcl.checkers import score, score_many
 from rcgrpo.bfcl.environment import STEP_LIMIT
 from rcgrpo.bfcl.replay import Verdict
-from rcgrpo.bfcl.tasks import Task, load_split
+from rcgrpo.bfcl.tasks import Task, split_of
 from rcgrpo.chat import prompts
 from rcgrpo.chat.record import Provenance, Trajectory
 from rcgrpo.rollout.bfcl_environment import BFCL
@@ -236,7 +236,7 @@ class AgentLoop:
         trajectory = Trajectory(
             task_id=self.task.id,
             category=self.task.category,
-            split=load_split()[self.task.id],
+            split=split_of(self.task),
             protocol=self.protocol,
             messages=self.messages,
             calls=self.calls,

@@ -7,7 +7,8 @@ The other known fixes for zero-variance groups, beside RC-GRPO's reward tokens:
   advantage and adds nothing but noise (the KL term) to the update, so it is dropped;
 - `top_variance`: RAGEN-2 (arXiv 2604.06268) keeps the top rho of the groups by reward variance
   (`rl.top_variance_keep`);
-- `rl.refill: oversample` draws further groups (new tasks, new reward tokens, new seeds) until
+- `rl.refill: oversample` draws further groups (tasks the step has not drawn yet while enough
+  are left: rollouts.round_pool; new reward tokens, new seeds) until
   the step holds `tasks_per_step` kept groups or `rl.refill_max_rounds` extra rounds are spent.
 
 `reward/*` (the high- and low-goal means too) and the zero-variance figures of a step stay
@@ -29,7 +30,7 @@ import math
 
 import torch
 
-from rcgrpo.training.grpo.metrics import reward_metrics
+from rcgrpo.training.grpo.metrics import other_check, reward_metrics
 from rcgrpo.training.grpo.presample import downsample
 from rcgrpo.training.grpo.rollouts import StepRollouts
 
@@ -93,6 +94,8 @@ def collect(roll, cfg) -> tuple[StepRollouts, dict]:
     if cfg.group_filter == "none" and cfg.refill == "none" and not cfg.rollouts_per_task:
         return first, generated([first])
     seen = reward_metrics(first.rewards, first.tokens, cfg.conditioning)
+    if (other := other_check(first.scores, cfg.reward)) is not None:
+        seen["reward/other_checker_mean"] = other
 
     def kept_of(out: StepRollouts) -> tuple[StepRollouts, int]:
         if cfg.rollouts_per_task:  # PODS: the max-variance G of each group's rollouts

@@ -66,6 +66,13 @@ class StepRollouts:
     generated_tokens: int = 0  # sampled tokens of the round as rolled out (before rl.overlong)
 
 
+def round_pool(tasks: list, drawn: set[str], n: int) -> list:
+    """The tasks a step's next round draws from: those whose ids it has not drawn yet while at
+    least n (or all of them) are left, so DAPO's refill rounds draw new tasks; else all."""
+    fresh = [t for t in tasks if t.id not in drawn]
+    return fresh if len(fresh) >= min(n, len(tasks)) else tasks
+
+
 def draw(tasks: list, cfg: RLConfig, step: int, prefilter=None) -> tuple[list, list]:
     """Tasks (n,) and the token of each of their n*G rollouts, from the step's generator; G is
     `rl.rollouts_per_task` when set (PODS: more rollouts than train), else `group_size`.

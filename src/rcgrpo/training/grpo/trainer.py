@@ -158,7 +158,10 @@ class Trainer:
         """The step's groups drawn and rolled out at run seed `seed` (`cfg.seed`: the step's own
         draw; others: group_filter's refill rounds), handed to on_rollouts."""
         cfg = self.cfg if seed == self.cfg.seed else dataclasses.replace(self.cfg, seed=seed)
-        tasks, tokens = rollouts.draw(self.tasks, cfg, step, self.no_signal)
+        self._drawn = set() if seed == self.cfg.seed else self._drawn  # this step's tasks so far
+        pool = rollouts.round_pool(self.tasks, self._drawn, cfg.tasks_per_step)
+        tasks, tokens = rollouts.draw(pool, cfg, step, self.no_signal)
+        self._drawn |= {t.id for t in tasks}
         out = rollouts.roll_out(self.engine, self.ranks, tasks, tokens, cfg, step, self.score_fn)
         if self.no_signal is not None:
             self.no_signal.update(out)
