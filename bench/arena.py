@@ -131,20 +131,25 @@ def run_arm(arm, k, seed, start_policy, start_info, ctx) -> dict:
         token = get_variant(ARMS[arm][0]).eval_tokens[0]
 
         def evaluate(j, budget, state, tokens, step):
+            """Point j, under the arm's headline goal (high): the pool (greedy and sampled) at
+            every point; at the last one also the held-out values and unseen scenarios (greedy)
+            and the pool under the low goal."""
             judge.model.load_state_dict(state)
-            last = j == len(ctx["budgets"]) - 1
-            where = out / f"point{j}"
-            got = setup.evaluate_sets(judge, rc.rollout, ctx["sets"], token, where / "high",
-                                      ("greedy", "sampled") if last else ("greedy",))  # fmt: skip
+            where, sets = out / f"point{j}", ctx["sets"]
             metrics = {"arena/point_budget": budget, "arena/point_tokens": tokens, "arena/point_step": step}  # fmt: skip
-            for name, by_mode in got["counts"].items():
-                for mode, (kk, n) in by_mode.items():
-                    metrics[f"arena/{name}/{mode}"] = kk / n if n else 0.0
-            if last:  # the controllability gap: the same tasks under the low goal
-                low = setup.evaluate_sets(judge, rc.rollout, {"in_sample": ctx["sets"]["in_sample"]}, "low", where / "low")  # fmt: skip
-                kk, n = low["counts"]["in_sample"]["greedy"]
-                metrics["arena/in_sample/greedy_low"] = kk / n
-                tracking.log_dict(run_id, got["per_task"], "per_task.json")
+            runs = [(token, {"in_sample": sets["in_sample"]}, ("greedy", "sampled"))]
+            if j == len(ctx["budgets"]) - 1:
+                held = {k: sets[k] for k in ("heldout_values", "unseen")}
+                runs += [(token, held, ("greedy",)), ("low", {"in_sample": sets["in_sample"]}, ("greedy",))]  # fmt: skip
+            per_task = {}
+            for goal, chosen, modes in runs:
+                got = setup.evaluate_sets(judge, rc.rollout, chosen, goal, where / goal, modes)
+                for name, by_mode in got["counts"].items():
+                    for mode, (kk, n) in by_mode.items():
+                        suffix = "" if goal == token else f"_{goal}"
+                        metrics[f"arena/{name}/{mode}{suffix}"] = kk / n if n else 0.0
+                per_task |= {f"{k}/{goal}": v for k, v in got["per_task"].items()}
+            tracking.log_dict(run_id, per_task, f"per_task_point{j}.json")
             tracking.log_metrics(run_id, metrics, j)
             return metrics
 
@@ -211,9 +216,9 @@ def run_arena(args) -> str:
                     r = arm_run(arm, k, seed, policy, info)
                     last = r["points"][-1]
                     print(f"start {k} seed {seed} {arm:15s} {r['arena/steps']} steps, "
-                          f"{r['arena/generated_tokens']:.0f} tokens, held-out values "
-                          f"{last['arena/heldout_values/greedy']:.3f}, in-sample "
-                          f"{last['arena/in_sample/greedy']:.3f} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+                          f"{r['arena/generated_tokens']:.0f} tokens, in-sample sampled "
+                          f"{last['arena/in_sample/sampled']:.3f}, held-out values greedy "
+                          f"{last['arena/heldout_values/greedy']:.3f} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
         return ctx["id"]
 
     return arena_flow()

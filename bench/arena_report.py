@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import math
 
-PRIMARY_SET = "heldout_values"  # the pilot decides (docs/zero-variance.md): 15-60 % at the start
+# The pilot (docs/benchmarks.md) decided: a start's held-out-value success was 0/80 greedy,
+# 0/320 sampled, outside 15-60 %, so the primary metric is success on the pool, sampled
+PRIMARY = "arena/in_sample/sampled"
 PLAN = {
     "unit": "one arm-run = one RL seed from one fine-tuned start; arms paired by (start, seed)",
     "primary": {
         "comparison": ["rc-grpo", "grpo"],
-        "metric": f"arena/{PRIMARY_SET}/greedy at the last budget point",
+        "metric": f"{PRIMARY} (4 rollouts per pool task, T = 1, high goal) at the last budget point",
         "test": "paired t over the (start, seed) pairs, two-sided, alpha 0.05",
     },
     "secondaries": {
-        "auc": "rc-grpo - grpo: mean primary-set greedy success over the budget points (area)",
+        "auc": "rc-grpo - grpo: the primary metric's mean over the budget points (area)",
         "tokens_to_threshold": "rc-grpo - grpo: sampled tokens until the 3-step moving mean of "
         "reward/mean_high first reaches THRESHOLD (never: the run's total, censored)",
         "gap": "rc-grpo - grpo: in-sample greedy success high goal minus low goal, last point",
@@ -66,7 +68,7 @@ def load(arena_id: str = "") -> tuple[str, str, list[dict]]:
         runs.append({
             "arm": r.data.tags["arm"], "start": int(r.data.tags["start"]),
             "seed": int(r.data.tags["seed"]), "metrics": r.data.metrics,
-            "points": {k: history(k) for k in (f"arena/{PRIMARY_SET}/greedy", "arena/point_budget", "arena/point_tokens")},  # fmt: skip
+            "points": {k: history(k) for k in (PRIMARY, "arena/point_budget", "arena/point_tokens")},  # fmt: skip
             "steps": {k: history(k) for k in ("reward/mean_high", "rollout/generated_tokens_total", *MECHANISM)},  # fmt: skip
         })  # fmt: skip
     if not runs:
@@ -79,12 +81,12 @@ def per_run(run: dict) -> dict:
     from rcgrpo.evaluation.seed_stats import auc, moving_mean, tokens_to
 
     m, pts = run["metrics"], run["points"]
-    budgets, values = pts["arena/point_budget"], pts[f"arena/{PRIMARY_SET}/greedy"]
+    budgets, values = pts["arena/point_budget"], pts[PRIMARY]
     tokens = run["steps"]["rollout/generated_tokens_total"]
     high = run["steps"]["reward/mean_high"]
     reach = tokens_to(tokens, moving_mean(high, 3), PLAN["threshold"]) if len(high) == len(tokens) and high else None  # fmt: skip
     return {
-        "primary": m.get(f"arena/{PRIMARY_SET}/greedy", math.nan),
+        "primary": m.get(PRIMARY, math.nan),
         "auc": auc(budgets, values)
         if len(budgets) >= 3 and len(values) == len(budgets)
         else math.nan,  # fmt: skip
@@ -122,7 +124,7 @@ def arm_table(runs: list[dict]) -> list[str]:
         ratio = [r["points"]["arena/point_tokens"][-1] / r["points"]["arena/point_budget"][-1] for r in mine if r["points"]["arena/point_budget"]]  # fmt: skip
         share = f"{min(ratio):.3f}-{max(ratio):.3f}" if ratio else "- (no budget)"
         lines.append(f"| {arm} | {len(mine)} | {avg[0]:.1f} | {avg[1]:,.0f} | {avg[2]:,.0f} | {avg[3]:,.0f} | {avg[4]:,.0f} | {avg[5]:.1f} | {avg[6]:.0f} | {share} |")  # fmt: skip
-    lines += ["", "| arm | in-sample greedy | held-out values greedy | unseen greedy | held-out values sampled | AUC (primary set) | tokens to threshold | gap high-low | all-fail / all-success groups | goal variance share | token gap |",  # fmt: skip
+    lines += ["", "| arm | in-sample sampled (primary) | in-sample greedy | held-out values greedy | unseen greedy | AUC (primary) | tokens to threshold | gap high-low | all-fail / all-success groups | goal variance share | token gap |",  # fmt: skip
               "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm in arms:
         mine = [r for r in runs if r["arm"] == arm]
@@ -136,8 +138,8 @@ def arm_table(runs: list[dict]) -> list[str]:
             return f"{sum(vals) / len(vals):.3f}" if vals else "-"
 
         lines.append(
-            f"| {arm} | {last('arena/in_sample/greedy')} | {last('arena/heldout_values/greedy')} | {last('arena/unseen/greedy')} "  # fmt: skip
-            f"| {last('arena/heldout_values/sampled')} | {mean_sd([g['auc'] for g in got])} | {mean_sd([g['tokens_to_threshold'] for g in got])} "  # fmt: skip
+            f"| {arm} | {last(PRIMARY)} | {last('arena/in_sample/greedy')} | {last('arena/heldout_values/greedy')} | {last('arena/unseen/greedy')} "  # fmt: skip
+            f"| {mean_sd([g['auc'] for g in got])} | {mean_sd([g['tokens_to_threshold'] for g in got])} "  # fmt: skip
             f"| {mean_sd([g['gap'] for g in got])} | {over_steps(MECHANISM[0])} / {over_steps(MECHANISM[1])} | {over_steps(MECHANISM[2])} | {over_steps(MECHANISM[3])} |"  # fmt: skip
         )
     return lines

@@ -48,12 +48,13 @@ def test_smoke_arena_is_in_mlflow_and_its_report_comes_from_the_store(
         assert r.data.tags["git.commit"] and len(r.data.tags["start.key"]) == 16
         assert r.data.tags["arena.id"] == runs[0].data.tags["arena.id"]
         names = {a.path for a in client.list_artifacts(r.info.run_id)}
-        assert {"config.json", "analysis_plan.json", "per_task.json"} <= names
+        assert {"config.json", "analysis_plan.json", "per_task_point0.json"} <= names
         assert r.data.params["rl.seed"] == "0" and r.data.params["rollout.max_new_tokens"] == "128"
         m = r.data.metrics
         assert m["arena/steps"] == 1 and m["arena/generated_tokens"] > 0
-        for name in ("in_sample", "heldout_values", "unseen"):
-            assert 0.0 <= m[f"arena/{name}/greedy"] <= 1.0
+        for name in ("in_sample/sampled", "in_sample/greedy", "in_sample/greedy_low",
+                     "heldout_values/greedy", "unseen/greedy"):  # fmt: skip
+            assert 0.0 <= m[f"arena/{name}"] <= 1.0
         assert "reward/mean" in m and "rollout/zero_variance_all_fail_frac" in m
     assert any(p.name == "done" for p in cache.rglob("done"))  # the start is cached
 
