@@ -101,8 +101,8 @@ def test_no_signal_prefilter_skips_silent_tasks_and_resumes(tmp_path):
     t.train()
     for even in (0, 2, 4):  # silent once, then skipped: 3 odd tasks always fill the step
         assert drawn.count(even) <= 1
-    assert {t.no_signal.streaks[f"toy_{n}"] for n in (1, 3, 5)} == {0}
-    assert all(t.no_signal.streaks.get(f"toy_{n}", 1) == 1 for n in (0, 2, 4))
+    assert {t.draws.no_signal.streaks[f"toy_{n}"] for n in (1, 3, 5)} == {0}
+    assert all(t.draws.no_signal.streaks.get(f"toy_{n}", 1) == 1 for n in (0, 2, 4))
     over = dict(task_prefilter="no_signal", prefilter_keep=0.3)  # streaks in the checkpoint
     _, full = run(tmp_path / "full", **over)
     run(tmp_path / "cut", stop_after=3, **over)

@@ -182,8 +182,8 @@ def load_split(path: Path = SPLIT_FILE) -> dict[str, str]:
 
 
 def split_of(task: Task) -> str:
-    """"train" | "test" of a task: BFCL's from the split file; a registered task made from one
-    (a value variant) is on the side of the scenario it was made from."""
+    """The side of the split a task is on, "train" or "test": BFCL's from the split file; a
+    registered task made from one (a value variant) is on its scenario's side."""
     sides = load_split()
     return sides.get(task.id) or sides[f"multi_turn_{task.category}_{task.number}"]
 

@@ -61,6 +61,7 @@ USER_ERRORS = (
     "rcgrpo.data.objects:ObjectError",
     "builtins:FileNotFoundError",
     "rcgrpo.training.plan.memory:NoFit",
+    "rcgrpo.training.grpo.sync_probe:StaleEngine",
 )
 
 

@@ -170,8 +170,12 @@ def launch(
     # torchrun leaves a torchelastic_* folder in TMPDIR per launch: this node's own, removed
     tmp = Path(cfg.out_dir) / f".torchrun-{socket.gethostname()}-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
-    try:
-        done = subprocess.run(cmd, cwd=project_root(), env={**os.environ, "TMPDIR": str(tmp)})
+    from rcgrpo.models.serving import node_bases
+
+    try:  # the node's ranks serve one base export between them (models.serving)
+        with node_bases():
+            env = {**os.environ, "TMPDIR": str(tmp)}
+            done = subprocess.run(cmd, cwd=project_root(), env=env)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     final = Path(cfg.out_dir) / "final"

@@ -138,3 +138,10 @@ def generated(rounds: list[StepRollouts]) -> dict:
         if all(name in r.engine_metrics for r in rounds):
             out[name] = float(sum(r.engine_metrics[name] for r in rounds))
     return out
+
+
+def first_draw(metrics: dict, filtered: dict) -> dict:
+    """The step's metrics (of the trained groups) under `filtered`'s first-draw values, each
+    replaced `reward/*` value kept as `reward/<name>_kept`."""
+    kept = {f"{k}_kept": v for k, v in metrics.items() if k in filtered and "reward/" in k}
+    return {**metrics, **filtered, **kept}

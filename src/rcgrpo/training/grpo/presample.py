@@ -29,6 +29,7 @@ import dataclasses
 
 import torch
 
+from rcgrpo.training.grpo import rollouts
 from rcgrpo.training.grpo.core_algos import ZERO_STD, group_advantages
 from rcgrpo.training.grpo.rollouts import StepRollouts
 
@@ -103,3 +104,33 @@ class NoSignal:
         silent = (out.rewards.float().std(dim=1, unbiased=False) < ZERO_STD).tolist()
         for task, s in zip(out.tasks, silent, strict=True):
             self.streaks[task.id] = self.streaks.get(task.id, 0) + 1 if s else 0
+
+
+class Draws:
+    """A trainer's task draws: each round of a step from the step's generator, a refill round
+    among the tasks the step has not drawn yet (rollouts.round_pool), silent tasks skipped with
+    `rl.task_prefilter: no_signal`; its state goes into checkpoints."""
+
+    def __init__(self, tasks: list, cfg):
+        self.tasks, self.drawn = tasks, set()
+        on = cfg.task_prefilter == "no_signal"
+        self.no_signal = NoSignal(cfg.prefilter_keep) if on else None
+
+    def draw(self, cfg, step: int, first: bool) -> tuple[list, list]:
+        """Tasks (n,) and tokens (n*G,) of a round at `cfg`'s seed; `first`: the step's own."""
+        self.drawn = set() if first else self.drawn
+        pool = rollouts.round_pool(self.tasks, self.drawn, cfg.tasks_per_step)
+        tasks, tokens = rollouts.draw(pool, cfg, step, self.no_signal)
+        self.drawn |= {t.id for t in tasks}
+        return tasks, tokens
+
+    def seen(self, out: StepRollouts) -> None:
+        if self.no_signal is not None:
+            self.no_signal.update(out)
+
+    def state(self) -> dict:
+        return {"no_signal": self.no_signal.streaks if self.no_signal is not None else {}}
+
+    def restore(self, extra: dict) -> None:
+        if self.no_signal is not None:
+            self.no_signal.streaks = dict(extra.get("no_signal", {}))

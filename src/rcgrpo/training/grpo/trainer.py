@@ -9,7 +9,7 @@ reference log-probs once, with no grad; then `inner_epochs` passes of the PPO-cl
 k3 KL to the frozen initial model, each pass split into mini-batches of `mini_batch_size`
 rollouts, one optimizer step each (verl's ppo_mini_batch_size; from the second update on,
 ratio != 1 and the clip acts); then `engine.sync(policy)` so the next rollouts come from the
-new weights.
+new weights, and a probe checks that the engine serves them (sync_probe.py).
 
 Every random draw of step s comes from generators seeded by (seed, s), and checkpoints hold the
 weights, optimizer, scheduler and RNG states, so `resume` reproduces on the CPU the metrics of a
@@ -42,6 +42,7 @@ from rcgrpo.training.forward import packs
 from rcgrpo.training.grpo import engine_is, group_filter, presample, rollouts, update
 from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.metrics import step_metrics
+from rcgrpo.training.grpo.sync_probe import SyncProbe
 from rcgrpo.training.heartbeat import for_rank
 from rcgrpo.training.optim import adamw
 
@@ -108,14 +109,15 @@ class Trainer:
             self.model, self.optimizer, self.params, self._timeout_s()
         )
         self.heartbeat = for_rank(self.cfg, self.ranks, self.engine, self.model)
+        # every engine of the project scores (Engine.score); a test's stand-in may not
+        has_score = hasattr(engine, "score")
+        self.probe = SyncProbe(policy, self.model, cfg.sync_gap_max) if has_score else None
         self.rolled_out: list[int] = []  # rollouts this rank sampled, per step
         tok = getattr(policy, "tokenizer", None)
         self.pad_id = getattr(tok, "pad_token_id", None) or 0
         self.step = 0
         self.generated_tokens = 0  # every rollout's sampled tokens so far (budget)
-        self.no_signal = (  # rl.task_prefilter: each task's run of zero-variance groups
-            presample.NoSignal(cfg.prefilter_keep) if cfg.task_prefilter == "no_signal" else None
-        )
+        self.draws = presample.Draws(self.tasks, cfg)  # the rounds' tasks; the prefilter's state
         self.run: dict = {}  # run_identity.begin: {run_id, config_hash}
         self.out = Path(cfg.out_dir)
 
@@ -158,13 +160,9 @@ class Trainer:
         """The step's groups drawn and rolled out at run seed `seed` (`cfg.seed`: the step's own
         draw; others: group_filter's refill rounds), handed to on_rollouts."""
         cfg = self.cfg if seed == self.cfg.seed else dataclasses.replace(self.cfg, seed=seed)
-        self._drawn = set() if seed == self.cfg.seed else self._drawn  # this step's tasks so far
-        pool = rollouts.round_pool(self.tasks, self._drawn, cfg.tasks_per_step)
-        tasks, tokens = rollouts.draw(pool, cfg, step, self.no_signal)
-        self._drawn |= {t.id for t in tasks}
+        tasks, tokens = self.draws.draw(cfg, step, first=seed == self.cfg.seed)
         out = rollouts.roll_out(self.engine, self.ranks, tasks, tokens, cfg, step, self.score_fn)
-        if self.no_signal is not None:
-            self.no_signal.update(out)
+        self.draws.seen(out)
         if self.on_rollouts is not None and distributed.is_main():
             self.on_rollouts(step, out)
         return out
@@ -188,14 +186,16 @@ class Trainer:
         # pi_old and the reference sharded like the update (update.first_pass_share), then
         # summed over the ranks (later passes reshuffle the micro-batches between ranks)
         mine = update.first_pass_share(self.ranks, batch, passes)
+        anchors = update.anchor_share(cfg, self.ranks, batch, passes)  # pi_old forwards
         ref_fn = self._ref_logprobs if use_ref else None
         self._phase("update", step)
-        recompute = cfg.behaviour_logprobs == "recompute"  # engine: no pi_old forward
         old, ref, gap = update.behaviour_logprobs(
-            self.model, batch, mine, self._logprobs, self.temperature, ref_fn, recompute
+            self.model, batch, mine, self._logprobs, self.temperature, ref_fn, anchors
         )
+        first = None  # engine: the trainer's pre-step log p, completed by the first pass
+        if cfg.behaviour_logprobs == "engine":
+            first, old = old, None  # this rank's rows: ppo_updates sums them over the ranks
         old, ref, gap = self.ranks.merge(old, ref, gap)
-        first = None if recompute else torch.zeros_like(batch.mask)  # the first pass's log p
         self.rolled_out.append(out.own)
         lr = self.scheduler.get_last_lr()[0]  # one lr per RL step: warmup counts RL steps
         self.updates = update.ppo_updates(  # per optimizer step, for inspection
@@ -214,16 +214,16 @@ class Trainer:
         self.scheduler.step()
         self._phase("sync", step)
         self.engine.sync(self.policy)
-        gap, corrected = update.engine_gap(cfg, batch, old, first, gap)  # + rl.engine_is's
+        synced = self.probe(self.engine, step) if self.probe is not None else {}  # sync/*
+        gap, corrected = update.engine_gap(cfg, batch, old, first, gap, passes)  # + engine_is
         metrics = step_metrics(
             cfg, out, batch.mask, gap, self.updates, lr, time.perf_counter() - t0
         )
-        metrics |= corrected
+        metrics |= corrected | synced
         fwd = shared_prefix.forward_metrics(batch.ids, lengths, passes, packed, self.shared)
         # + pad_frac, micro-batches, computed tokens (shared or not); with a filter, reward/* are
         # the first draw's and the kept groups' are <name>_kept
-        kept = {f"{k}_kept": v for k, v in metrics.items() if k in filtered and "reward/" in k}
-        return metrics | fwd | filtered | kept
+        return metrics | fwd | group_filter.first_draw(metrics, filtered)
 
     # -- the loop ---------------------------------------------------------------------------------
     def save(self, step: int) -> Path:
@@ -233,10 +233,7 @@ class Trainer:
             self.optimizer,
             self.scheduler,
             step,
-            extra={
-                "generated_tokens": self.generated_tokens,
-                "no_signal": self.no_signal.streaks if self.no_signal is not None else {},
-            },
+            extra={"generated_tokens": self.generated_tokens, **self.draws.state()},
             run=self.run,
         )
 
@@ -251,10 +248,8 @@ class Trainer:
             return 0
         state = checkpoint.load(ckpt, self.model, self.optimizer, self.scheduler)
         self.step = state["step"]
-        extra = state["extra"] or {}
-        self.generated_tokens = int(extra.get("generated_tokens", 0))
-        if self.no_signal is not None:
-            self.no_signal.streaks = dict(extra.get("no_signal", {}))
+        self.generated_tokens = int((state["extra"] or {}).get("generated_tokens", 0))
+        self.draws.restore(state["extra"] or {})
         self.engine.sync(self.policy)
         return self.step
 
@@ -273,6 +268,8 @@ class Trainer:
         """Run to cfg.steps (or stop after step `stop_after`, for tests); returns new metrics."""
         self.out.mkdir(parents=True, exist_ok=True)
         self.resume(resume)
+        if self.probe is not None:  # the engine serves the starting (or resumed) policy
+            self.probe(self.engine, self.step)
         self._trim_metrics()
         history = []
         last = self.cfg.steps if stop_after is None else min(stop_after, self.cfg.steps)
