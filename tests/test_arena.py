@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -62,3 +63,33 @@ def test_smoke_arena_is_in_mlflow_and_its_report_comes_from_the_store(
     table = arena_report.report()
     assert table in printed and "| rc-grpo | 1 | 1.0 |" in table
     assert f"id {exp.experiment_id}" in table
+
+
+def test_a_budget_point_gets_the_weights_from_before_the_step_that_crossed_it(monkeypatch):
+    """Points (bench/arena.py): point B is evaluated with the weights of the last step whose
+    sampled-token total is <= B; a step that jumps over two points serves both; points the run
+    never reached get its last weights."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import arena
+
+    model = torch.nn.Linear(1, 1, bias=False)
+    seen = []
+
+    def evaluate(j, budget, state, tokens, step):
+        seen.append((j, budget, float(state["weight"]), tokens, step))
+        return {"arena/point_step": step}
+
+    points = arena.Points(SimpleNamespace(model=model), [100, 200, 300, 400, 900], evaluate)
+    for step, total in enumerate([60, 120, 200, 260, 450], start=1):
+        model.weight.data.fill_(float(step))  # the weights after `step`
+        points({"rollout/generated_tokens_total": total}, step)
+    points.finish()
+    assert seen == [
+        (0, 100, 1.0, 60, 1),  # step 2 crossed 100: step 1's weights
+        (1, 200, 3.0, 200, 3),  # step 3 ended on 200 exactly; step 4 crossed it
+        (2, 300, 4.0, 260, 4),  # step 5 jumped over 300 and 400
+        (3, 400, 4.0, 260, 4),
+        (4, 900, 5.0, 450, 5),  # never reached: the run's last weights
+    ]
