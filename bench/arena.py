@@ -181,13 +181,13 @@ def run_arm(arm, k, seed, start_policy, start_info, ctx) -> dict:
 
 def run_arena(args) -> str:
     """Every arm over every (start, seed), as one Prefect flow; returns the arena id."""
+    apply_defaults()  # before prefect reads its settings (the ephemeral server's start-up timeout)
     from arena_report import PLAN
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
 
     from rcgrpo.config import read_params
 
-    apply_defaults()
     arms = [a for a in args.arms if a in ARMS]
     if unknown := sorted(set(args.arms) - set(ARMS)):
         raise SystemExit(f"error: unknown arm(s) {unknown}; the arms are {sorted(ARMS)}")
