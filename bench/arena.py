@@ -14,7 +14,8 @@ gap). Every arm-run is one MLflow run in the experiment `arena` (MLFLOW_TRACKING
 else the project's) with tags arm, start, seed, arena.id and the start's cache key and md5, the
 commit, and the resolved config as config.json; the table and the statistics
 (bench/arena_report.py, planned before the run) are computed from those runs alone. The whole
-arena is one Prefect flow with a task per arm-run.
+arena is one Prefect flow with a task per arm-run, reporting to PREFECT_API_URL, `rcgrpo ui`'s
+server, or a Prefect server of its own that stops with it (rcgrpo.flow_server).
 
     .venv/bin/python bench/arena.py --seeds 0 --steps 1 --arms rc-grpo grpo --tasks 4   # smoke
     .venv/bin/python bench/arena.py --pilot                  # the start's held-out-value success
@@ -27,6 +28,7 @@ arena is one Prefect flow with a task per arm-run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import time
@@ -221,7 +223,11 @@ def run_arena(args) -> str:
                           f"{last['arena/heldout_values/greedy']:.3f} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
         return ctx["id"]
 
-    return arena_flow()
+    from rcgrpo.flow_server import prefect_for_flows
+
+    with contextlib.ExitStack() as stack:  # a Prefect server of its own stops with the arena
+        prefect_for_flows(stack)
+        return arena_flow()
 
 
 def pilot(args) -> None:
