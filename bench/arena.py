@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import fcntl
 import json
 import time
 import uuid
@@ -224,7 +225,13 @@ def run_arena(args) -> str:
         return ctx["id"]
 
     from rcgrpo.flow_server import prefect_for_flows
+    from rcgrpo.tracking import runs as tracking
 
+    store = tracking.store_dir()
+    store.mkdir(parents=True, exist_ok=True)
+    with (store / ".arena.lock").open("w") as lock:  # one process per start: one creates the
+        fcntl.flock(lock, fcntl.LOCK_EX)  # store and its tables, the others wait for it
+        tracking.configure(experiment="arena")
     with contextlib.ExitStack() as stack:  # a Prefect server of its own stops with the arena
         prefect_for_flows(stack)
         return arena_flow()
