@@ -13,6 +13,7 @@ from test_trainer import deterministic, make, run
 
 from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.rollout.environment import Rewards
+from rcgrpo.training.grpo import group_filter
 from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.core_algos import group_advantages, group_reward_stats
 from rcgrpo.training.grpo.metrics import goal_variance_share
@@ -132,6 +133,35 @@ def test_a_filtered_step_reports_the_first_draw_under_every_reward_column(tmp_pa
     assert m["reward/mean_high_kept"] == pytest.approx(float(seen[0].rewards[best].mean()))
     assert m["reward/mean_high_kept"] != m["reward/mean_high"]  # the bug's case: they differ
     assert m["reward/other_checker_mean"] == m["reward/mean"]  # the toy's two checks agree
+
+
+def test_collect_reports_the_first_draw_and_first_draw_keeps_the_kept_groups_by_hand():
+    """top_variance keeps ceil(0.3 x 3) = 1 of 3 groups (G = 5, every goal high): the first draw's high-goal
+    mean is (3 + 0 + 5) / 15 = 0.5333; the kept group's (1, 0, 1, 0, 1) is 0.6."""
+    rewards = torch.tensor([[1.0, 0, 1, 0, 1], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]])
+    draw = StepRollouts(
+        tasks=["a", "b", "c"],
+        tokens=[HIGH] * 15,
+        rollouts=list(range(15)),
+        scores=[Rewards(float(r), {"paper": float(r), "bfcl": 0.0}) for r in rewards.flatten()],
+        rewards=rewards,
+        advantages=group_advantages(rewards, "grpo").flatten(),
+        seconds=0.0,
+        generated_tokens=150,
+    )
+    cfg = RLConfig(group_size=5, tasks_per_step=3, conditioning="rc",
+                   group_filter="top_variance", top_variance_keep=0.3)  # fmt: skip
+    kept, seen = group_filter.collect(lambda seed: draw, cfg)
+    assert kept.tasks == ["a"] and kept.rollouts == [0, 1, 2, 3, 4]
+    assert seen["reward/mean"] == seen["reward/mean_high"] == pytest.approx(8 / 15)
+    assert "reward/mean_low" not in seen and seen["reward/other_checker_mean"] == 0.0
+    assert seen["rollout/zero_variance_frac"] == pytest.approx(2 / 3)
+    assert seen["rollout/groups_dropped"] == 2.0 and seen["rollout/generated_tokens"] == 150.0
+    step = {"reward/mean": 0.6, "reward/mean_high": 0.6, "loss/total": 1.0}  # the kept group's
+    got = group_filter.first_draw(step, seen)
+    assert got["reward/mean_high"] == pytest.approx(8 / 15) and got["reward/mean_high_kept"] == 0.6
+    assert got["reward/mean_kept"] == 0.6 and got["loss/total"] == 1.0
+    assert "loss/total_kept" not in got
 
 
 def test_zero_variance_split_and_goal_variance_share_by_hand():
