@@ -1,33 +1,42 @@
-"""Benchmark: RC-GRPO against the other fixes for zero-variance groups, at an equal budget.
+"""Benchmark: RC-GRPO against GRPO and the other zero-variance fixes, at equal budgets, with the
+training run as the unit, every arm-run an MLflow run.
 
-Every arm starts from the same RCTP-FT model (one per seed, the cpu preset's, as `make run`
-trains it), trains on the same RL tasks with the same seeds, and stops once its rollouts have
-sampled the same number of tokens (`rl.generated_token_budget`): a filter that over-samples
-gets fewer steps, not more compute. The budget of a seed is what the first arm (RC-GRPO) samples
-in the preset's `rl.steps`; every other arm may take up to ARM_STEP_CAP x as many steps to
-spend it. Each arm is one `rcgrpo run --preset cpu --variant V --set ...` away (ARMS).
+Design (docs/zero-variance.md, "The arena"): a pool of `--tasks` short base train tasks
+(bench/arena_setup.py: 26 by default, rollout.max_new_tokens 128), `--starts` RCTP-FT starts
+built once and cached, `--seeds` RL seeds per start: every arm runs once per (start, seed), from
+the same weights with the same seeds, so the arms' runs pair. Each arm stops at the same sampled
+token budget (`--budget`, `rl.generated_token_budget`) and is evaluated at `--points` budget
+points with the policy of its last step at or before each point (a step that crosses a point
+is not counted for it): success under the high goal, greedy, on the pool (in-sample), on value
+variants of the pool never trained on (held-out values) and on unseen short test scenarios
+(a floor); at the last point also sampled (T = 1) and under the low goal (the controllability
+gap). Every arm-run is one MLflow run in the experiment `arena` (MLFLOW_TRACKING_URI's store,
+else the project's) with tags arm, start, seed, arena.id and the start's cache key and md5, the
+commit, and the resolved config as config.json; the table and the statistics
+(bench/arena_report.py, planned before the run) are computed from those runs alone. The whole
+arena is one Prefect flow with a task per arm-run, reporting to PREFECT_API_URL, `rcgrpo ui`'s
+server, or a Prefect server of its own that stops with it (rcgrpo.flow_server).
 
-Printed per arm: reward/mean first -> last quarter of its steps (and, for RC arms, the reward of
-the high-goal rollouts: half of an RC group is asked to fail, so its mean is not GRPO's), the
-zero-variance and effective-group fractions, steps and generated tokens, greedy and sampled
-(T = 1, 4 per task) success on the RL tasks before -> after RL under the high goal (k/n, Wilson
-95 %), and the difference to RC-GRPO after RL with a paired bootstrap 95 % interval over
-(seed, task) units. A PNG plots reward against generated tokens.
-
-    .venv/bin/python bench/learning.py --arms all                    # 7 arms x 3 seeds
-    .venv/bin/python bench/arena.py --seeds 0 --steps 2 --arms rc-grpo grpo   # a smoke run
+    .venv/bin/python bench/arena.py --seeds 0 --steps 1 --arms rc-grpo grpo --tasks 4   # smoke
+    .venv/bin/python bench/arena.py --pilot                  # the start's held-out-value success
+    .venv/bin/python bench/arena.py --budget B               # the full arena (hours on 2 cores)
+    .venv/bin/python bench/arena.py --budget B --id X --start 0 &  # the same on both cores:
+    .venv/bin/python bench/arena.py --budget B --id X --start 1    #   one process per start
+    .venv/bin/python bench/arena.py report                   # the last arena's table, from MLflow
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import fcntl
 import json
-import tempfile
 import time
+import uuid
 from pathlib import Path
 
-from learning import SAMPLES, build_data, fine_tune, fmt, success
+import arena_setup as setup
 
 from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.runtime import apply_defaults
@@ -36,189 +45,252 @@ from rcgrpo.runtime import apply_defaults
 ARMS = {
     "rc-grpo": ("rctp+rc-grpo", []),
     "grpo": ("rctp+grpo", []),
+    "grpo+sign": ("rctp+grpo", ["rl.advantage=sign"]),
+    "grpo+presample": ("rctp+grpo", ["rl.task_prefilter=no_signal", "rl.rollouts_per_task=10"]),
     "grpo+dzv+refill": (
         "rctp+grpo",
         ["rl.group_filter=drop_zero_variance", "rl.refill=oversample"],
     ),
     "grpo+top-var": ("rctp+grpo", ["rl.group_filter=top_variance"]),
-    "grpo+sign": ("rctp+grpo", ["rl.advantage=sign"]),
     "grpo+T1.3": ("rctp+grpo", ["rollout.temperature=1.3"]),
     "rc-grpo+dzv": ("rctp+rc-grpo", ["rl.group_filter=drop_zero_variance"]),
 }
-ARM_STEP_CAP = 3  # an arm may take up to 3 x the reference's steps to spend the same budget
+DEFAULT_ARMS = ["rc-grpo", "grpo", "grpo+sign", "grpo+presample"]
+# at 64 new tokens a message only 21 of the 26 pool tasks can be solved at all
+FIXED = ["rollout.max_new_tokens=128"]
+# the starts' RCTP-FT: the cpu preset's 100 epochs are 400 optimizer steps on its 8 tasks; on
+# the 26-task pool (52 rows, batch 4) 30 epochs are 390 steps
+START = ["rctp.epochs=30"]
+STEP_CAP = 60  # rl.steps: a cap only; the budget stops a run
 
 
 def arm_config(params: dict, preset: str, arm: str, seed: int, out: Path, extra: list[str]):
-    """(rl, rollout) sections of `rcgrpo run --preset P --variant V --set ...` for the arm."""
+    """The resolved RunConfig of `rcgrpo run --preset P --variant V --set ...` for the arm."""
     from rcgrpo.config import parse_sets
     from rcgrpo.run_config import resolve
 
     variant, sets = ARMS[arm]
-    pairs = [*sets, f"rl.seed={seed}", "rl.save_every=0", f"rl.out_dir={out}", *extra]
-    rc = resolve(params, preset, variant, parse_sets(pairs, sectioned=True, together=False))
-    return rc.rl, rc.rollout
+    pairs = [*FIXED, *sets, f"rl.seed={seed}", "rl.save_every=0", f"rl.out_dir={out}", *extra]
+    return resolve(params, preset, variant, parse_sets(pairs, sectioned=True, together=False))
 
 
-def outcomes(folder: Path) -> dict[str, float]:
-    """task id -> success rate in an evaluation folder's outcomes.jsonl (paper reward)."""
-    per: dict[str, list[int]] = {}
-    for line in (folder / "outcomes.jsonl").read_text().splitlines():
-        o = json.loads(line)
-        per.setdefault(o["task_id"], []).append(int(o["paper"]))
-    return {t: sum(v) / len(v) for t, v in per.items()}
+def with_sets(params: dict, preset: str, pairs: list[str]) -> dict:
+    """params with `--set section.key=value` pairs laid over the preset's layer, so the starts,
+    their cache keys and every arm see them."""
+    from rcgrpo.config import parse_sets
+
+    layer = dict(params["presets"].get(preset) or {})
+    for section, fields in parse_sets(pairs, sectioned=True, together=False).items():
+        layer[section] = {**(layer.get(section) or {}), **fields}
+    return {**params, "presets": {**params["presets"], preset: layer}}
 
 
-def run_arm(arm, start, tasks, params, preset, seed, extra, out: Path) -> dict:
+class Points:
+    """The log_metrics hook of one arm-run: keeps the weights after every step and, when a step
+    takes the sampled tokens past a budget point, evaluates the weights from before that step."""
+
+    def __init__(self, policy, budgets: list[int], evaluate):
+        self.policy, self.budgets, self.evaluate = policy, list(budgets), evaluate
+        self.prev = copy.deepcopy(policy.model.state_dict())
+        self.prev_tokens, self.prev_step, self.done = 0, 0, []
+
+    def __call__(self, metrics: dict, step: int) -> None:
+        total = metrics["rollout/generated_tokens_total"]
+        while self.budgets and total > self.budgets[0]:
+            self._at(self.prev, self.prev_tokens, self.prev_step)
+        self.prev = copy.deepcopy(self.policy.model.state_dict())
+        self.prev_tokens, self.prev_step = total, step
+
+    def finish(self) -> None:
+        """Points the run did not cross (its step cap came first) get its last weights."""
+        while self.budgets:
+            self._at(self.prev, self.prev_tokens, self.prev_step)
+
+    def _at(self, state, tokens: float, step: int) -> None:
+        budget = self.budgets.pop(0)
+        self.done.append(self.evaluate(len(self.done), budget, state, tokens, step))
+
+
+def run_arm(arm, k, seed, start_policy, start_info, ctx) -> dict:
+    """One arm-run: train from start k with RL seed `seed`, evaluating at the budget points;
+    logged as one MLflow run. Returns its summary (also the run's metrics)."""
     from rcgrpo.evaluation.variants import get_variant
     from rcgrpo.rollout.execution import make_engine
+    from rcgrpo.tracking import runs as tracking
     from rcgrpo.training.grpo.trainer import Trainer
 
-    cfg, rollout_cfg = arm_config(params, preset, arm, seed, out / "rl", extra)
-    policy = copy.deepcopy(start)  # every arm of a seed starts from the same weights
-    engine = make_engine(rollout_cfg, policy, BFCL)
-    history = Trainer(
-        policy, engine, tasks, cfg, BFCL.scorer(cfg.protocol), temperature=rollout_cfg.temperature
-    ).train()
-    token = get_variant(ARMS[arm][0]).eval_tokens[0]
-    after = success(policy, rollout_cfg, tasks, token, out / "after")
-    return {
-        "steps": len(history),
-        "after": after,
-        "per_task": {m: outcomes(out / "after" / m) for m in ("greedy", "sampled")},
-        "reward": [m["reward/mean"] for m in history],
-        "reward_high": [m.get("reward/mean_high") for m in history],
-        "zero_variance": [m["rollout/zero_variance_frac"] for m in history],
-        "effective": [m["rollout/effective_group_frac"] for m in history],
-        "tokens": [m["rollout/generated_tokens_total"] for m in history],
-    }
+    out = ctx["out"] / f"start{k}" / f"seed{seed}" / arm
+    extra = [f"rl.steps={ctx['steps']}"]
+    if ctx["budget"]:
+        extra.append(f"rl.generated_token_budget={ctx['budget']}")
+    rc = arm_config(ctx["params"], ctx["preset"], arm, seed, out / "rl", extra)
+    tags = {"arm": arm, "start": k, "seed": seed, "arena.id": ctx["id"], "start.key": start_info["key"],
+            "start.md5": start_info["md5"], "pool": len(ctx["sets"]["in_sample"])}  # fmt: skip
+    with tracking.start_run(f"{arm} start{k} seed{seed}", config=rc.to_dict(), tags=tags,
+                            experiment="arena") as run:  # fmt: skip
+        run_id = run.info.run_id
+        tracking.log_dict(run_id, ctx["plan"], "analysis_plan.json")
+        policy = copy.deepcopy(start_policy)  # every arm of a (start, seed) from the same weights
+        judge = copy.deepcopy(start_policy)  # holds the weights evaluated at a budget point
+        token = get_variant(ARMS[arm][0]).eval_tokens[0]
+
+        def evaluate(j, budget, state, tokens, step):
+            """Point j, under the arm's headline goal (high): the pool (greedy and sampled) at
+            every point; at the last one also the held-out values and unseen scenarios (greedy)
+            and the pool under the low goal."""
+            judge.model.load_state_dict(state)
+            where, sets = out / f"point{j}", ctx["sets"]
+            metrics = {"arena/point_budget": budget, "arena/point_tokens": tokens, "arena/point_step": step}  # fmt: skip
+            runs = [(token, {"in_sample": sets["in_sample"]}, ("greedy", "sampled"))]
+            if j == len(ctx["budgets"]) - 1:
+                held = {k: sets[k] for k in ("heldout_values", "unseen")}
+                runs += [(token, held, ("greedy",)), ("low", {"in_sample": sets["in_sample"]}, ("greedy",))]  # fmt: skip
+            per_task = {}
+            for goal, chosen, modes in runs:
+                got = setup.evaluate_sets(judge, rc.rollout, chosen, goal, where / goal, modes)
+                for name, by_mode in got["counts"].items():
+                    for mode, (kk, n) in by_mode.items():
+                        suffix = "" if goal == token else f"_{goal}"
+                        metrics[f"arena/{name}/{mode}{suffix}"] = kk / n if n else 0.0
+                per_task |= {f"{k}/{goal}": v for k, v in got["per_task"].items()}
+            tracking.log_dict(run_id, per_task, f"per_task_point{j}.json")
+            tracking.log_metrics(run_id, metrics, j)
+            return metrics
+
+        points = Points(policy, ctx["budgets"], evaluate)
+
+        def log(metrics: dict, step: int) -> None:
+            tracking.log_metrics(run_id, metrics, step)
+            points(metrics, step)
+
+        t0 = time.perf_counter()
+        engine = make_engine(rc.rollout, policy, BFCL)
+        scorer = BFCL.scorer(rc.rl.protocol)
+        trainer = Trainer(policy, engine, ctx["tasks"], rc.rl, scorer, log_metrics=log,
+                          temperature=rc.rollout.temperature)  # fmt: skip
+        history = trainer.train()
+        wall = time.perf_counter() - t0
+        points.finish()
+        used = history[: int(points.done[-1]["arena/point_step"])]  # what the last point cost
+        summary = {
+            "arena/steps": len(used),
+            "arena/steps_run": len(history),
+            "arena/wall_s": wall,
+            **{f"arena/{k}": sum(m.get(f"rollout/{k}", 0.0) for m in used)
+               for k in ("generated_tokens", "prompt_tokens", "prefill_tokens", "generated")},
+            "arena/update_tokens": sum(m.get("perf/update_tokens", 0.0) for m in used),
+            "arena/optimizer_steps": sum(m.get("loss/optimizer_steps", 0.0) for m in used),
+        }  # fmt: skip
+        tracking.log_metrics(run_id, summary, 0)
+    return {**summary, "points": points.done}
 
 
-def quarters(runs: list[dict], key: str) -> str:
-    """The mean over seeds of each run's first and last quarter of `key` ("-" if never logged)."""
-    pairs = []
-    for r in runs:
-        vals = [v for v in r[key] if v is not None]
-        if vals:
-            q = max(1, len(vals) // 4)
-            pairs.append((sum(vals[:q]) / q, sum(vals[-q:]) / q))
-    if not pairs:
-        return "-"
-    return f"{mean(p[0] for p in pairs):.3f} -> {mean(p[1] for p in pairs):.3f}"
-
-
-def mean(xs) -> float:
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else 0.0
-
-
-def paired(runs, ref_runs, mode: str) -> str:
-    """The arm minus RC-GRPO after RL, in points, paired by (seed, task), bootstrap 95 %."""
-    from rcgrpo.evaluation.stats import paired_bootstrap
-
-    diffs = [
-        a["per_task"][mode][t] - r["per_task"][mode][t]
-        for a, r in zip(runs, ref_runs, strict=True)
-        for t in r["per_task"][mode]
-    ]
-    m, lo, hi = paired_bootstrap(diffs)
-    return f"{100 * m:+5.1f} [{100 * lo:+5.1f}, {100 * hi:+5.1f}]"
-
-
-def table(results: dict, before: list[dict]) -> list[str]:
-    lines = [
-        f"{'arm':16s} {'steps':>5s} {'gen tokens':>10s} {'reward first -> last q':>22s} "
-        f"{'high goal':>16s} {'zero-var':>8s} {'effective':>9s}  mode     "
-        f"{'success before RL (Wilson 95 %)':32s} {'after RL':32s} minus rc-grpo (paired)"
-    ]
-    for arm, runs in results.items():
-        for mode in ("greedy", "sampled"):
-            kb, nb = (sum(b[mode][i] for b in before) for i in (0, 1))
-            ka, na = (sum(r["after"][mode][i] for r in runs) for i in (0, 1))
-            head = " " * 93
-            if mode == "greedy":
-                head = (
-                    f"{arm:16s} {mean(r['steps'] for r in runs):5.1f} "
-                    f"{mean(r['tokens'][-1] for r in runs):10.0f} "
-                    f"{quarters(runs, 'reward'):>22s} {quarters(runs, 'reward_high'):>16s} "
-                    f"{mean(mean(r['zero_variance']) for r in runs):8.3f} "
-                    f"{mean(mean(r['effective']) for r in runs):9.3f}"
-                )
-            diff = "" if arm == "rc-grpo" else paired(runs, results["rc-grpo"], mode)
-            lines.append(f"{head}  {mode:7s}  {fmt(kb, nb)}  {fmt(ka, na)}  {diff}")
-    return lines
-
-
-def plot(results: dict, path: Path) -> Path:
-    from rcgrpo.evaluation.plots import pyplot, save
-
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for arm, runs in results.items():
-        for ax, key in zip(axes, ("reward", "effective"), strict=True):
-            for i, r in enumerate(runs):
-                ax.plot(r["tokens"], r[key], color=f"C{list(results).index(arm)}",
-                        alpha=0.8, lw=1, label=arm if i == 0 else None)  # fmt: skip
-    axes[0].set(
-        title="reward/mean per step (each seed)", xlabel="generated tokens", ylabel="reward"
-    )
-    axes[1].set(title="effective-group fraction", xlabel="generated tokens", ylim=(-0.05, 1.05))
-    return save(fig, axes, path, legend=7)
-
-
-def run_arena(arms: list[str], seeds: list[int], preset: str, steps: int, out: Path) -> None:
-    """Every arm in `arms` (RC-GRPO first: it sets each seed's budget) over `seeds`."""
-    apply_defaults()
-    import torch
+def run_arena(args) -> str:
+    """Every arm over every (start, seed), as one Prefect flow; returns the arena id."""
+    apply_defaults()  # before prefect reads its settings (the ephemeral server's start-up timeout)
+    from arena_report import PLAN
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
 
     from rcgrpo.config import read_params
 
-    arms = ["rc-grpo", *[a for a in arms if a != "rc-grpo"]]
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown:
+    arms = [a for a in args.arms if a in ARMS]
+    if unknown := sorted(set(args.arms) - set(ARMS)):
         raise SystemExit(f"error: unknown arm(s) {unknown}; the arms are {sorted(ARMS)}")
-    params, t0 = read_params(), time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        tasks, mixed, _ = build_data(params, preset, Path(tmp) / "data")
-    print(f"RL tasks ({len(tasks)}): {[t.id for t in tasks]}; threads {torch.get_num_threads()}")
-    results: dict = {arm: [] for arm in arms}
-    before = []
-    for seed in seeds:
-        start, loss = fine_tune("rctp", mixed, params, preset, seed, out / f"s{seed}" / "rctp")
-        _, rollout_cfg = arm_config(params, preset, "rc-grpo", seed, out, [])
-        before.append(success(start, rollout_cfg, tasks, "high", out / f"s{seed}" / "before"))
-        print(f"seed {seed}: rctp fine-tuned, loss {loss:.4f}, before RL {before[-1]} "
-              f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
-        budget = 0
-        for arm in arms:
-            extra = [f"rl.steps={steps}"] if steps else []
-            if budget:  # the other arms: the reference's tokens, within a step cap
-                ref_steps = results["rc-grpo"][-1]["steps"]
-                extra = [f"rl.generated_token_budget={budget}", f"rl.steps={ARM_STEP_CAP * ref_steps}"]  # fmt: skip
-            r = run_arm(arm, start, tasks, params, preset, seed, extra, out / f"s{seed}" / arm)
-            results[arm].append(r)
-            budget = budget or int(r["tokens"][-1])
-            print(f"seed {seed}: {arm:16s} {r['steps']} steps, {r['tokens'][-1]:.0f} tokens, "
-                  f"after {r['after']} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps({"seeds": seeds, "before": before, "results": results}) + "\n")  # fmt: skip
-    print()
-    for line in table(results, before):
-        print(line)
-    print(f"equal generated-token budget per seed (rc-grpo's in its rl.steps); {SAMPLES} sampled "
-          f"per task; seeds {seeds}; plot {plot(results, out / 'arena.png')}; "
-          f"total {time.perf_counter() - t0:.0f} s")  # fmt: skip
+    params = with_sets(read_params(), args.preset, [*START, *args.set])
+    budgets = [round(args.budget * (j + 1) / args.points) for j in range(args.points)] if args.budget else [0]  # fmt: skip
+    ctx = {"params": params, "preset": args.preset, "out": Path(args.out), "budget": args.budget,
+           "steps": args.steps or STEP_CAP, "id": args.id or uuid.uuid4().hex[:12], "plan": PLAN,
+           "budgets": budgets if args.budget else [float("inf")]}  # fmt: skip
+
+    @task(cache_policy=NO_CACHE, name="arm-run")
+    def arm_run(arm, k, seed, start_policy, start_info):
+        return run_arm(arm, k, seed, start_policy, start_info, ctx)
+
+    @flow(name="arena", log_prints=True, validate_parameters=False)
+    def arena_flow() -> str:
+        t0 = time.perf_counter()
+        pool, mixed = setup.pool_and_data(params, args.preset, args.tasks, {})
+        ctx["tasks"], ctx["sets"] = pool, setup.heldout_sets(pool)
+        print(f"arena {ctx['id']}: pool {len(pool)} tasks, held-out values "
+              f"{len(ctx['sets']['heldout_values'])}, unseen {len(ctx['sets']['unseen'])}; "
+              f"arms {arms}; starts {args.starts}; seeds {args.seeds}; budgets {ctx['budgets']}")  # fmt: skip
+        for k in [args.start] if args.start >= 0 else range(args.starts):
+            policy, info = setup.start(params, args.preset, pool, mixed, k, Path(args.cache))
+            for seed in args.seeds:
+                for arm in arms:
+                    r = arm_run(arm, k, seed, policy, info)
+                    last = r["points"][-1]
+                    print(f"start {k} seed {seed} {arm:15s} {r['arena/steps']} steps, "
+                          f"{r['arena/generated_tokens']:.0f} tokens, in-sample sampled "
+                          f"{last['arena/in_sample/sampled']:.3f}, held-out values greedy "
+                          f"{last['arena/heldout_values/greedy']:.3f} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+        return ctx["id"]
+
+    from rcgrpo.flow_server import prefect_for_flows
+    from rcgrpo.tracking import runs as tracking
+
+    store = tracking.store_dir()
+    store.mkdir(parents=True, exist_ok=True)
+    with (store / ".arena.lock").open("w") as lock:  # one process per start: one creates the
+        fcntl.flock(lock, fcntl.LOCK_EX)  # store and its tables, the others wait for it
+        tracking.configure(experiment="arena")
+    with contextlib.ExitStack() as stack:  # a Prefect server of its own stops with the arena
+        prefect_for_flows(stack)
+        return arena_flow()
+
+
+def pilot(args) -> None:
+    """The held-out-value success of one fine-tuned start (before RL), with n."""
+    from rcgrpo.config import read_params
+
+    apply_defaults()
+    params = with_sets(read_params(), args.preset, [*START, *args.set])
+    pool, mixed = setup.pool_and_data(params, args.preset, args.tasks, {})
+    sets = setup.heldout_sets(pool)
+    policy, info = setup.start(params, args.preset, pool, mixed, 0, Path(args.cache))
+    rc = arm_config(params, args.preset, "rc-grpo", 0, Path(args.out) / "pilot", [])
+    got = setup.evaluate_sets(policy, rc.rollout, sets, "high", Path(args.out) / "pilot",
+                              ("greedy", "sampled"))  # fmt: skip
+    print(
+        f"start 0 ({info['key']}, md5 {info['md5']}), high goal, paper reward, combined protocol:"
+    )
+    for name, by_mode in got["counts"].items():
+        print(f"  {name:15s} " + "  ".join(f"{m} {k}/{n} = {100 * k / n:.1f} %" for m, (k, n) in by_mode.items()))  # fmt: skip
+    (Path(args.out) / "pilot" / "pilot.json").write_text(json.dumps(got["counts"]) + "\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arms", nargs="+", default=["all"], help=f"all or of {list(ARMS)}")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run seeds")
+    parser.add_argument("command", nargs="?", default="run", choices=["run", "report"],
+                        help="run the arena, or reprint an arena's table from MLflow")  # fmt: skip
+    parser.add_argument("--id", default="", help="the arena id (run: default a new one; report: the last)")  # fmt: skip
+    parser.add_argument("--start", type=int, default=-1,
+                        help="run only this start (one process per start and core, same --id)")  # fmt: skip
+    parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, help=f"of {list(ARMS)}")
+    parser.add_argument("--tasks", type=int, default=26, help="pool: short base train tasks")
+    parser.add_argument("--starts", type=int, default=2, help="fine-tuned starts (cached)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3], help="RL seeds per start")  # fmt: skip
+    parser.add_argument("--budget", type=int, default=0, help="sampled tokens per arm-run (0: --steps)")  # fmt: skip
+    parser.add_argument("--points", type=int, default=3, help="budget points evaluated")
+    parser.add_argument("--steps", type=int, default=0, help=f"RL steps cap (0 = {STEP_CAP})")
     parser.add_argument("--preset", default="cpu", help="params.yaml preset to train with")
-    parser.add_argument("--steps", type=int, default=0, help="RC-GRPO's RL steps (0 = preset's)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a params.yaml field for starts and arms (repeatable)")  # fmt: skip
+    parser.add_argument("--pilot", action="store_true", help="only the start's held-out success")
     parser.add_argument("--out", default="outputs/bench/arena", help="results folder")
+    parser.add_argument("--cache", default="cache/arena/starts", help="fine-tuned starts' cache")
     args = parser.parse_args()
-    arms = list(ARMS) if args.arms == ["all"] else args.arms
-    run_arena(arms, args.seeds, args.preset, args.steps, Path(args.out))
+    if args.command == "report":
+        from arena_report import report
+
+        return print(report(args.id))
+    if args.pilot:
+        return pilot(args)
+    arena_id = run_arena(args)
+    from arena_report import report
+
+    print(report(arena_id))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ claim, on held-out tasks at 7B: positive).
     .venv/bin/python bench/learning.py                       # 3 seeds, ~35-45 min on 2 cores
     .venv/bin/python bench/learning.py --seeds 0 --steps 10  # a quick look
     .venv/bin/python bench/learning.py --sft-epochs 100      # SFT sees the experts as often as RCTP
-    .venv/bin/python bench/learning.py --arms all            # the arena: bench/arena.py
+
+The arms against each other at equal budgets, with the run as the unit: bench/arena.py.
 """
 
 from __future__ import annotations
@@ -47,13 +48,14 @@ def preset_section(params: dict, preset: str, section: str, cls, extra: dict | N
     return build(cls, {**values, **(extra or {})}, f"params.yaml:{section} (preset {preset})")
 
 
-def build_data(params: dict, preset: str, folder: Path):
-    """The preset's train tasks and their mixed (RCTP) and expert (SFT) records."""
+def build_data(params: dict, preset: str, folder: Path, extra: dict | None = None):
+    """The preset's train tasks (with `extra` dataset settings) and their mixed (RCTP) and
+    expert (SFT) records."""
     from rcgrpo.chat.record import read_jsonl
     from rcgrpo.data.dataset import DatasetConfig, build_folder, tasks_of
 
-    cfg = preset_section(params, preset, "dataset", DatasetConfig,
-                         {"test_tasks": 4, "rollouts": "off", "commit": False, "push": False})  # fmt: skip
+    fixed = {"test_tasks": 4, "rollouts": "off", "commit": False, "push": False}
+    cfg = preset_section(params, preset, "dataset", DatasetConfig, {**fixed, **(extra or {})})
     build_folder(cfg, folder, BFCL)
     rctp = folder / "rctp" / "train.jsonl"
     return (
@@ -164,15 +166,7 @@ def main() -> None:
     parser.add_argument("--sft-epochs", type=int, default=0,
                         help="plain SFT epochs (0 = the preset's: 2/5 of RCTP-FT's, as the paper)")  # fmt: skip
     parser.add_argument("--out", default="outputs/bench/learning", help="results folder")
-    parser.add_argument("--arms", nargs="+", default=[],
-                        help="the arena instead (bench/arena.py): 'all' or arm names")  # fmt: skip
     args = parser.parse_args()
-    if args.arms:
-        from arena import ARMS, run_arena
-
-        arms = list(ARMS) if args.arms == ["all"] else args.arms
-        out = Path(args.out if args.out != "outputs/bench/learning" else "outputs/bench/arena")
-        return run_arena(arms, args.seeds, args.preset, args.steps, out)
     apply_defaults()
     import torch
 

@@ -12,7 +12,7 @@ from rcgrpo.chat.record import HIGH
 from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.evaluation.config import EvalConfig
 from rcgrpo.evaluation.evaluate import evaluate, flat_metrics
-from rcgrpo.evaluation.stats import accuracy, paired_bootstrap, summarise, wilson
+from rcgrpo.evaluation.stats import accuracy, summarise, wilson
 
 
 def test_wilson_hand_computed():
@@ -22,18 +22,6 @@ def test_wilson_hand_computed():
     assert wilson(10, 10) == pytest.approx((0.722467, 1.0), abs=1e-6)
     # the paper's best number, 68/80 = 85.00%
     assert wilson(68, 80) == pytest.approx((0.755868, 0.912060), abs=1e-6)
-
-
-def test_paired_bootstrap_by_hand():
-    # equal differences: every resample has the same mean, so the interval is that point
-    assert paired_bootstrap([0.25] * 6) == (0.25, 0.25, 0.25)
-    # one unit of +1 among ten: mean 0.1; a resample's mean is (copies of it) / 10, between
-    # 0 and 0.4 in 95 % of resamples (Binomial(10, 0.1): P(X <= 3) = 0.987)
-    mean, lo, hi = paired_bootstrap([1.0] + [0.0] * 9, resamples=4000)
-    assert mean == 0.1 and lo == 0.0 and 0.2 <= hi <= 0.4
-    assert paired_bootstrap([]) == (0.0, 0.0, 0.0)
-    # the same seed, the same interval (the arena's table is reproducible)
-    assert paired_bootstrap([1, 0, -1, 1], seed=3) == paired_bootstrap([1, 0, -1, 1], seed=3)
 
 
 def test_summary_pooled_vs_unweighted_category_mean():

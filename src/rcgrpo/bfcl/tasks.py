@@ -129,9 +129,25 @@ def load_tasks() -> dict[str, Task]:
     return tasks
 
 
+_REGISTERED: dict[str, Task] = {}  # tasks made here (value variants), by id
+
+
+def register(tasks: list[Task]) -> tuple[Task, ...]:
+    """Make `tasks` (made from BFCL's, e.g. rcgrpo.bfcl.value_variants) known to `get_task` in
+    this process; an id already taken by a different task is an error. Returns them."""
+    for task in tasks:
+        known = _REGISTERED.get(task.id) or load_tasks().get(task.id)
+        if known is not None and known is not task and known.ground_truth != task.ground_truth:
+            raise ValueError(f"task id {task.id!r} is taken by a different task")
+        _REGISTERED[task.id] = task
+    return tuple(tasks)
+
+
 def get_task(task_id: str) -> Task:
-    """One task by id; a clear error for an unknown id."""
+    """One task by id (BFCL's or a registered one); a clear error for an unknown id."""
     tasks = load_tasks()
+    if task_id in _REGISTERED:
+        return _REGISTERED[task_id]
     if task_id not in tasks:
         hint = ", ".join(f"multi_turn_{c}_0" for c in CATEGORIES)
         raise KeyError(f"unknown task id {task_id!r}: ids look like {hint} (numbers 0-199)")
@@ -163,6 +179,13 @@ def load_split(path: Path = SPLIT_FILE) -> dict[str, str]:
         )
     split = json.loads(path.read_text())
     return {**{i: "train" for i in split["train"]}, **{i: "test" for i in split["test"]}}
+
+
+def split_of(task: Task) -> str:
+    """The side of the split a task is on, "train" or "test": BFCL's from the split file; a
+    registered task made from one (a value variant) is on its scenario's side."""
+    sides = load_split()
+    return sides.get(task.id) or sides[f"multi_turn_{task.category}_{task.number}"]
 
 
 def tasks_in(split: str, categories: tuple[str, ...] = CATEGORIES) -> list[Task]:

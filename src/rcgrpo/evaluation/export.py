@@ -64,7 +64,7 @@ def write_bfcl_results(outcomes: list, out_dir: Path, model_name: str) -> list[P
         folder = Path(out_dir) / f"{model_name}-{token}-s{seed}{tail}" / "multi_turn"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"BFCL_v4_multi_turn_{category}_result.json"
-        rows = sorted(rows, key=lambda o: int(o.task_id.rsplit("_", 1)[1]))
+        rows = sorted(rows, key=lambda o: (get_task(o.task_id).number, o.task_id))  # variants too
         lines = []
         for o in rows:
             names = _task_function_names(o.task_id)

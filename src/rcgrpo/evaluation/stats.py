@@ -74,19 +74,3 @@ def summarise(outcomes: list[tuple[str, int]]) -> dict:
     else:
         category_mean = accuracy(0, 0)
     return {"pooled": pooled, "category_mean": category_mean, "per_category": per_category}
-
-
-def paired_bootstrap(
-    diffs: list[float], resamples: int = 2000, seed: int = 0
-) -> tuple[float, float, float]:
-    """Paired differences (one per unit, e.g. a task under one seed: arm A's success minus arm
-    B's on the same unit) -> (mean, 2.5 % and 97.5 % percentiles of the mean over `resamples`
-    resamples of the units with replacement). Pairing removes the tasks' own difficulty."""
-    import random
-
-    n = len(diffs)
-    if n == 0:
-        return 0.0, 0.0, 0.0
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choices(diffs, k=n)) / n for _ in range(resamples))
-    return sum(diffs) / n, means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]

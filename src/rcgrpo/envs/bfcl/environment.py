@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 
 from rcgrpo.bfcl.environment import STEP_LIMIT
-from rcgrpo.bfcl.tasks import CATEGORIES, Task, get_task, load_split, tasks_in
+from rcgrpo.bfcl.tasks import CATEGORIES, Task, get_task, split_of, tasks_in
 from rcgrpo.envs.bfcl.episode import PROTOCOLS, BfclEpisode
 from rcgrpo.envs.bfcl.perturbations import KINDS
 from rcgrpo.envs.bfcl.scorer import CHECKS, BfclScorer
@@ -82,7 +82,7 @@ class BfclEnvironment:
     def episode(
         self, task: Task, protocol: str = "bfcl", step_limit: int = STEP_LIMIT, worker=None
     ) -> BfclEpisode:
-        return BfclEpisode(task, protocol, load_split()[task.id], step_limit, worker)
+        return BfclEpisode(task, protocol, split_of(task), step_limit, worker)
 
     def scorer(self, protocol: str = "bfcl", reward: str | None = None) -> BfclScorer:
         return BfclScorer(protocol, reward or "paper")

@@ -91,6 +91,18 @@ class RLConfig:
         "none", "oversample: draw more groups until tasks_per_step are kept (DAPO)"
     )
     refill_max_rounds: int = ranged(2, "[0, inf)", "oversample: extra rounds of groups at most")
+    task_prefilter: Literal["none", "no_signal"] = setting(
+        "none",
+        "no_signal: before its rollouts, skip a task whose last z groups had zero variance with "
+        "probability 1 - prefilter_keep^z (GRESO; rcgrpo.training.grpo.presample)",
+    )
+    prefilter_keep: float = ranged(0.5, "(0, 1]", "no_signal: a silent task's keep probability")
+    rollouts_per_task: int = ranged(
+        0,
+        "[0, inf)",
+        "PODS: roll out this many per task and train the group_size of largest reward variance; "
+        "0 = group_size (rcgrpo.training.grpo.presample)",
+    )
     behaviour_logprobs: Literal["recompute", "engine"] = setting(
         "recompute",
         "pi_old: a trainer forward before the update, or the engine's sampled-token log-probs "
@@ -138,6 +150,16 @@ class RLConfig:
             raise ValueError(
                 f"advantage={self.advantage} needs group_size >= 2 (a group of 1 "
                 "always has zero variance, so every update would vanish)"
+            )
+        if self.rollouts_per_task and self.rollouts_per_task < self.group_size:
+            raise ValueError(
+                f"rollouts_per_task {self.rollouts_per_task} < group_size {self.group_size}: "
+                "PODS keeps group_size of the rollouts per task, so it needs at least as many"
+            )
+        if self.rollouts_per_task and self.overlong == "soft_penalty":
+            raise ValueError(
+                "rollouts_per_task does not combine with overlong: soft_penalty (the kept "
+                "rollouts' advantages are recomputed from the checker's rewards, unpenalised)"
             )
         batch = self.tasks_per_step * self.group_size
         if self.mini_batch_size and self.mini_batch_size % self.micro_batch_size:

@@ -99,11 +99,15 @@ def group_advantages(
 
 
 def group_reward_stats(rewards: torch.Tensor) -> dict[str, float]:
-    """Zero-variance fraction and mean within-group population std of rewards (n_groups, G)."""
+    """Zero-variance fraction (also split: all rewards <= 0, all >= 1) and mean within-group
+    population std of rewards (n_groups, G)."""
     rewards = rewards.to(torch.float32)
     std = rewards.std(dim=1, unbiased=False)
+    flat = std < ZERO_STD
     return {
-        "zero_variance_frac": float((std < ZERO_STD).float().mean()),
+        "zero_variance_frac": float(flat.float().mean()),
+        "zero_variance_all_fail_frac": float((flat & (rewards.amax(dim=1) <= 0)).float().mean()),
+        "zero_variance_all_success_frac": float((flat & (rewards.amin(dim=1) >= 1)).float().mean()),
         "within_group_std": float(std.mean()),
     }
 

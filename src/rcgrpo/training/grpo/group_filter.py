@@ -7,11 +7,13 @@ The other known fixes for zero-variance groups, beside RC-GRPO's reward tokens:
   advantage and adds nothing but noise (the KL term) to the update, so it is dropped;
 - `top_variance`: RAGEN-2 (arXiv 2604.06268) keeps the top rho of the groups by reward variance
   (`rl.top_variance_keep`);
-- `rl.refill: oversample` draws further groups (new tasks, new reward tokens, new seeds) until
+- `rl.refill: oversample` draws further groups (tasks the step has not drawn yet while enough
+  are left: rollouts.round_pool; new reward tokens, new seeds) until
   the step holds `tasks_per_step` kept groups or `rl.refill_max_rounds` extra rounds are spent.
 
-`reward/*` and the zero-variance figures of a step stay those of its first draw (the policy as
-it is, comparable with an unfiltered run); `rollout/groups_dropped` and `rollout/extra_rollouts`
+`reward/*` (the high- and low-goal means too) and the zero-variance figures of a step stay
+those of its first draw (the policy as it is, comparable with an unfiltered run; the kept groups'
+are logged as `reward/<name>_kept`); `rollout/groups_dropped` and `rollout/extra_rollouts`
 say what the filter did, `rollout/effective_groups` (every run) how many trained groups carry a
 reward spread, and every rollout of every round counts in `rollout/generated` and its sampled
 tokens in `rollout/generated_tokens` (the budget `rl.generated_token_budget` and the arena
@@ -28,7 +30,8 @@ import math
 
 import torch
 
-from rcgrpo.training.grpo.core_algos import group_reward_stats
+from rcgrpo.training.grpo.metrics import other_check, reward_metrics
+from rcgrpo.training.grpo.presample import downsample
 from rcgrpo.training.grpo.rollouts import StepRollouts
 
 ROUND_SEED = 104_729  # round r of a step draws with seed + r x this (a prime: no overlap)
@@ -84,16 +87,24 @@ def merge(parts: list[StepRollouts], n: int, G: int) -> StepRollouts:
 
 def collect(roll, cfg) -> tuple[StepRollouts, dict]:
     """roll(seed) -> one round's StepRollouts (the step's draw at that run seed); the step's
-    kept groups and the metrics of what was generated and dropped."""
+    kept groups and the metrics of what was generated and dropped. With a filter or PODS'
+    down-sampling, `reward/*` and the group statistics are those of the whole first draw."""
     G, n = cfg.group_size, cfg.tasks_per_step
     first = roll(cfg.seed)
-    if cfg.group_filter == "none" and cfg.refill == "none":
+    if cfg.group_filter == "none" and cfg.refill == "none" and not cfg.rollouts_per_task:
         return first, generated([first])
-    seen = {f"rollout/{k}": v for k, v in group_reward_stats(first.rewards).items()}
-    seen["reward/mean"] = float(first.rewards.mean())
-    kept = keep_groups(first.rewards, cfg.group_filter, cfg.top_variance_keep)
-    parts, dropped, extra = [subset(first, kept, G)], len(first.tasks) - len(kept), 0
-    rounds, rolled = 0, [first]
+    seen = reward_metrics(first.rewards, first.tokens, cfg.conditioning)
+    if (other := other_check(first.scores, cfg.reward)) is not None:
+        seen["reward/other_checker_mean"] = other
+
+    def kept_of(out: StepRollouts) -> tuple[StepRollouts, int]:
+        if cfg.rollouts_per_task:  # PODS: the max-variance G of each group's rollouts
+            out = downsample(out, G, cfg.advantage)
+        kept = keep_groups(out.rewards, cfg.group_filter, cfg.top_variance_keep)
+        return subset(out, kept, G), len(out.tasks) - len(kept)
+
+    part, dropped = kept_of(first)
+    parts, extra, rounds, rolled = [part], 0, 0, [first]
     while (
         cfg.refill == "oversample"
         and sum(len(p.tasks) for p in parts) < n
@@ -103,9 +114,9 @@ def collect(roll, cfg) -> tuple[StepRollouts, dict]:
         more = roll(cfg.seed + ROUND_SEED * rounds)
         rolled.append(more)
         extra += len(more.rollouts)
-        kept = keep_groups(more.rewards, cfg.group_filter, cfg.top_variance_keep)
-        dropped += len(more.tasks) - len(kept)
-        parts.append(subset(more, kept, G))
+        part, lost = kept_of(more)
+        dropped += lost
+        parts.append(part)
     out = merge(parts, n, G)
     metrics = {
         **seen,
@@ -117,8 +128,20 @@ def collect(roll, cfg) -> tuple[StepRollouts, dict]:
 
 
 def generated(rounds: list[StepRollouts]) -> dict:
-    """What a step generated over its rounds, kept or dropped: rollouts and sampled tokens."""
-    return {
+    """What a step generated over its rounds, kept or dropped: rollouts, sampled tokens, and
+    the prompt tokens sent to and prefilled by the engine (when the engine counts them)."""
+    out = {
         "rollout/generated": float(sum(len(r.rollouts) for r in rounds)),
         "rollout/generated_tokens": float(sum(r.generated_tokens for r in rounds)),
     }
+    for name in ("rollout/prompt_tokens", "rollout/prefill_tokens"):
+        if all(name in r.engine_metrics for r in rounds):
+            out[name] = float(sum(r.engine_metrics[name] for r in rounds))
+    return out
+
+
+def first_draw(metrics: dict, filtered: dict) -> dict:
+    """The step's metrics (of the trained groups) under `filtered`'s first-draw values, each
+    replaced `reward/*` value kept as `reward/<name>_kept`."""
+    kept = {f"{k}_kept": v for k, v in metrics.items() if k in filtered and "reward/" in k}
+    return {**metrics, **filtered, **kept}

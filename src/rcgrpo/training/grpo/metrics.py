@@ -26,15 +26,14 @@ def step_metrics(
 ) -> dict:
     """mask (B, T-1): the sampled tokens; gap: the mean |engine - trainer| log-prob per sampled
     token (update.engine_gap); updates: the stats of each optimizer step (update.ppo_updates)."""
-    rewards, adv, G = step.rewards, step.advantages, cfg.group_size
+    rewards, adv = step.rewards, step.advantages
     acc = {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
     gen_tokens = float(mask.sum())
     spread = int((rewards.float().var(dim=1, unbiased=False) > 0).sum())  # groups with a signal
     other = other_check(step.scores, cfg.reward)  # BFCL: the checker that does not train
     metrics = {
-        "reward/mean": float(rewards.mean()),
+        **reward_metrics(rewards, step.tokens, cfg.conditioning),
         **({"reward/other_checker_mean": other} if other is not None else {}),
-        **{f"rollout/{k}": v for k, v in group_reward_stats(rewards).items()},
         "rollout/effective_groups": float(spread),  # trained groups with a reward spread
         "rollout/effective_group_frac": spread / cfg.tasks_per_step,
         "rollout/adv_std": float(adv.std(unbiased=False)),
@@ -58,14 +57,46 @@ def step_metrics(
         "perf/step_s": step_seconds,
         **step.engine_metrics,  # rollout/prefix_cache_hit_rate, rollout/prompt_tokens, ...
     }
-    if cfg.conditioning == "rc":  # per-token means only for tokens drawn this step
-        is_high = torch.tensor([t == HIGH for t in step.tokens]).view(-1, G)
+    return metrics
+
+
+def reward_metrics(rewards: torch.Tensor, tokens: list, conditioning: str) -> dict:
+    """`reward/*` and the group statistics of one draw: rewards (n, G), tokens (n*G,) the
+    rollouts' reward goals, group-major. With reward conditioning, the means per goal (only for
+    goals drawn), their gap, and the share of the groups' reward variance the goal explains."""
+    metrics = {
+        "reward/mean": float(rewards.mean()),
+        **{f"rollout/{k}": v for k, v in group_reward_stats(rewards).items()},
+    }
+    if conditioning == "rc":
+        is_high = torch.tensor([t == HIGH for t in tokens]).view(rewards.shape)
         for name, sel in (("high", is_high), ("low", ~is_high)):
             if sel.any():
                 metrics[f"reward/mean_{name}"] = float(rewards[sel].mean())
         if is_high.any() and (~is_high).any():
             metrics["reward/token_gap"] = metrics["reward/mean_high"] - metrics["reward/mean_low"]
+        share = goal_variance_share(rewards, is_high)
+        if share is not None:
+            metrics["reward/goal_variance_share"] = share
     return metrics
+
+
+def goal_variance_share(rewards: torch.Tensor, is_high: torch.Tensor) -> float | None:
+    """rewards, is_high (n, G) -> the share of the within-group reward variance that the goal
+    token explains: sum over groups of the between-goal sum of squares (n_goal x (goal mean -
+    group mean)^2 per goal) over the sum of the groups' total sums of squares; None when every
+    group is constant (nothing to explain)."""
+    r = rewards.float()
+    centred = r - r.mean(dim=1, keepdim=True)
+    total = float(centred.square().sum())
+    if total <= 0.0:
+        return None
+    between = 0.0
+    for sel in (is_high, ~is_high):
+        n = sel.sum(dim=1)  # (n_groups,)
+        mean = (centred * sel).sum(dim=1) / n.clamp(min=1)  # goal mean minus group mean
+        between += float((n * mean.square()).sum())
+    return between / total
 
 
 def other_check(scores: list, reward: str) -> float | None:

@@ -68,17 +68,30 @@ class StepRollouts:
     generated_tokens: int = 0  # sampled tokens of the round as rolled out (before rl.overlong)
 
 
-def draw(tasks: list, cfg: RLConfig, step: int) -> tuple[list, list]:
-    """Tasks (n,) and the token of each of the n*G rollouts, from the step's generator."""
+def round_pool(tasks: list, drawn: set[str], n: int) -> list:
+    """The tasks a step's next round draws from: those whose ids it has not drawn yet while at
+    least n (or all of them) are left, so DAPO's refill rounds draw new tasks; else all."""
+    fresh = [t for t in tasks if t.id not in drawn]
+    return fresh if len(fresh) >= min(n, len(tasks)) else tasks
+
+
+def draw(tasks: list, cfg: RLConfig, step: int, prefilter=None) -> tuple[list, list]:
+    """Tasks (n,) and the token of each of their n*G rollouts, from the step's generator; G is
+    `rl.rollouts_per_task` when set (PODS: more rollouts than train), else `group_size`.
+    prefilter: a presample.NoSignal that skips silent tasks (rl.task_prefilter), or None."""
     g = torch.Generator().manual_seed(step_seed(cfg.seed, step))
     n = min(cfg.tasks_per_step, len(tasks))
-    picked = torch.randperm(len(tasks), generator=g)[:n].tolist()
+    if prefilter is None:
+        picked = torch.randperm(len(tasks), generator=g)[:n].tolist()
+    else:
+        picked = prefilter.pick(tasks, n, g)
     chosen = [tasks[i] for i in picked]
+    G = cfg.rollouts_per_task or cfg.group_size
     if cfg.conditioning == "rc":
-        high = sample_reward_tokens(n, cfg.group_size, cfg.p_high, cfg.token_sampling, g)
+        high = sample_reward_tokens(n, G, cfg.p_high, cfg.token_sampling, g)
         tokens = [HIGH if h else LOW for h in high.flatten().tolist()]  # (n*G,) group-major
     else:
-        tokens = [None] * (n * cfg.group_size)
+        tokens = [None] * (n * G)
     return chosen, tokens
 
 
@@ -88,7 +101,7 @@ def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -
     (ranks.group_share; all of them in one process), with the episode indices they have in the
     whole batch, and every rank gets every share (ranks.gather)."""
     t0 = time.perf_counter()
-    G = cfg.group_size
+    G = len(tokens) // max(1, len(tasks))  # the draw's rollouts per task
     flat_tasks = [t for t in tasks for _ in range(G)]  # group-major, matches tokens
     start, end = (i * G for i in ranks.group_share(len(tasks)))
     mine = []

@@ -38,7 +38,7 @@ import torch
 
 from rcgrpo.training import checkpoint, distributed, shared_forward, shared_prefix
 from rcgrpo.training.forward import packs
-from rcgrpo.training.grpo import engine_is, group_filter, rollouts, update
+from rcgrpo.training.grpo import engine_is, group_filter, presample, rollouts, update
 from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.metrics import step_metrics
 from rcgrpo.training.grpo.sync_probe import SyncProbe
@@ -119,6 +119,7 @@ class Trainer:
         self.pad_id = getattr(tok, "pad_token_id", None) or 0
         self.step = 0
         self.generated_tokens = 0  # every rollout's sampled tokens so far (budget)
+        self.draws = presample.Draws(self.tasks, cfg)  # the rounds' tasks; the prefilter's state
         self.run: dict = {}  # run_identity.begin: {run_id, config_hash}
         self.out = Path(cfg.out_dir)
 
@@ -161,8 +162,9 @@ class Trainer:
         """The step's groups drawn and rolled out at run seed `seed` (`cfg.seed`: the step's own
         draw; others: group_filter's refill rounds), handed to on_rollouts."""
         cfg = self.cfg if seed == self.cfg.seed else dataclasses.replace(self.cfg, seed=seed)
-        tasks, tokens = rollouts.draw(self.tasks, cfg, step)
+        tasks, tokens = self.draws.draw(cfg, step, first=seed == self.cfg.seed)
         out = rollouts.roll_out(self.engine, self.ranks, tasks, tokens, cfg, step, self.score_fn)
+        self.draws.seen(out)
         if self.on_rollouts is not None and distributed.is_main():
             self.on_rollouts(step, out)
         return out
@@ -222,8 +224,8 @@ class Trainer:
         metrics |= corrected | synced
         fwd = shared_prefix.forward_metrics(batch.ids, lengths, passes, packed, self.shared)
         # + pad_frac, micro-batches, computed tokens (shared or not); with a filter, reward/* are
-        # the first draw's
-        return metrics | fwd | filtered
+        # the first draw's and the kept groups' are <name>_kept
+        return metrics | fwd | group_filter.first_draw(metrics, filtered)
 
     # -- the loop ---------------------------------------------------------------------------------
     def save(self, step: int) -> Path:
@@ -233,7 +235,7 @@ class Trainer:
             self.optimizer,
             self.scheduler,
             step,
-            extra={"generated_tokens": self.generated_tokens},
+            extra={"generated_tokens": self.generated_tokens, **self.draws.state()},
             run=self.run,
         )
 
@@ -249,6 +251,7 @@ class Trainer:
         state = checkpoint.load(ckpt, self.model, self.optimizer, self.scheduler)
         self.step = state["step"]
         self.generated_tokens = int((state["extra"] or {}).get("generated_tokens", 0))
+        self.draws.restore(state["extra"] or {})
         self.engine.sync(self.policy)
         return self.step
 
