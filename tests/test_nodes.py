@@ -150,7 +150,6 @@ def test_a_launch_serves_one_base_per_node(tmp_path, monkeypatch, in_run):
     ranks use the run's folder, which the run removes. The torchrun launch is launch's own; the
     rank program is served_base_rank.py, which asks models.serving what a vLLM engine asks (an
     RL stage with a vLLM server per rank does not fit this 2-core box)."""
-
     from rcgrpo.models.serving import served_bases
     from rcgrpo.run_config import resolve
     from rcgrpo.tracking import stage
@@ -163,9 +162,7 @@ def test_a_launch_serves_one_base_per_node(tmp_path, monkeypatch, in_run):
 
     run_guarded = stage._run_guarded
 
-    def our_ranks(
-        argv, env
-    ):  # the guarded agent's `-m rcgrpo.cli train rl ...` -> the rank program
+    def our_ranks(argv, env):  # the agent's `-m rcgrpo.cli train rl ...` -> the rank program
         at = argv.index("rcgrpo.cli") - 1
         return run_guarded(
             [*argv[:at], str(rank), str(said), str(own)], {**env, "OMP_NUM_THREADS": "1"}
