@@ -151,8 +151,6 @@ def test_a_launch_serves_one_base_per_node(tmp_path, monkeypatch, in_run):
     ranks use the run's folder, which the run removes. The torchrun launch is launch's own; the
     rank program is served_base_rank.py, which asks models.serving what a vLLM engine asks (an
     RL stage with a vLLM server per rank does not fit this 2-core box)."""
-    from types import SimpleNamespace
-
     from rcgrpo.models.serving import served_bases
     from rcgrpo.run_config import resolve
     from rcgrpo.tracking import stage
@@ -163,12 +161,15 @@ def test_a_launch_serves_one_base_per_node(tmp_path, monkeypatch, in_run):
     said.mkdir()
     rank = Path(__file__).with_name("served_base_rank.py")
 
-    def torchrun_of_our_ranks(cmd, **kw):  # `-m rcgrpo.cli train rl ...` -> the rank program
-        at = cmd.index("rcgrpo.cli") - 1
-        env = {**kw.pop("env"), "OMP_NUM_THREADS": "1"}
-        return subprocess.run([*cmd[:at], str(rank), str(said), str(own)], env=env, **kw)
+    run_guarded = stage._run_guarded
 
-    monkeypatch.setattr(stage, "subprocess", SimpleNamespace(run=torchrun_of_our_ranks))
+    def our_ranks(argv, env):  # the agent's `-m rcgrpo.cli train rl ...` -> the rank program
+        at = argv.index("rcgrpo.cli") - 1
+        return run_guarded(
+            [*argv[:at], str(rank), str(said), str(own)], {**env, "OMP_NUM_THREADS": "1"}
+        )
+
+    monkeypatch.setattr(stage, "_run_guarded", our_ranks)
     run_folder = tmp_path / "outputs" / "served-run"
     with served_bases(run_folder) if in_run else contextlib.nullcontext():
         stage.launch("rl", rc, None)
