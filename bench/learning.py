@@ -74,7 +74,7 @@ def fine_tune(mode: str, records, params, preset, seed: int, out: Path, epochs: 
     policy = load_policy(ModelConfig(seed=seed))  # the same base weights for both modes
     extra = {"seed": seed, "out_dir": str(out)} | ({"epochs": epochs} if epochs else {})
     cfg = preset_section(params, preset, mode, SFTConfig, extra)
-    history = train_sft(policy.model, render_examples(policy, records, cfg), cfg,
+    history = train_sft(policy.model, render_examples(policy, records, cfg, BFCL), cfg,
                         pad_id=policy.tokenizer.pad_token_id or 0)  # fmt: skip
     return policy, history[-1]["sft/loss"]
 

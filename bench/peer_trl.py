@@ -124,6 +124,7 @@ def preset_data(params: dict):
 
 def start_model(params: dict, records, model_cfg, out: Path, seed: int) -> tuple[Path, str]:
     """RCTP-FT of `records` (the preset's recipe) saved once per recipe; (folder, how)."""
+    from rcgrpo.envs.bfcl.environment import BFCL
     from rcgrpo.models.loading import load_policy, save_policy
     from rcgrpo.training.sft import render_examples, train_sft
     from rcgrpo.training.sft_config import SFTConfig
@@ -135,7 +136,7 @@ def start_model(params: dict, records, model_cfg, out: Path, seed: int) -> tuple
         return folder, "cached"
     t0 = time.perf_counter()
     policy = load_policy(model_cfg)
-    examples = render_examples(policy, records, cfg)
+    examples = render_examples(policy, records, cfg, BFCL)
     history = train_sft(policy.model, examples, cfg, pad_id=policy.tokenizer.pad_token_id or 0)
     save_policy(policy, folder, {"stage": "rctp", "protocol": penv.PROTOCOL})
     how = f"RCTP-FT {cfg.epochs} epochs, loss {history[-1]['sft/loss']:.4f}"

@@ -149,7 +149,7 @@ def test_collect_reports_the_first_draw_and_first_draw_keeps_the_kept_groups_by_
         seconds=0.0,
         generated_tokens=150,
     )
-    cfg = RLConfig(group_size=5, tasks_per_step=3, conditioning="rc",
+    cfg = RLConfig(group_size=5, tasks_per_step=3, conditioning="rc", reward="paper",
                    group_filter="top_variance", top_variance_keep=0.3)  # fmt: skip
     kept, seen = group_filter.collect(lambda seed: draw, cfg)
     assert kept.tasks == ["a"] and kept.rollouts == [0, 1, 2, 3, 4]
