@@ -1,6 +1,8 @@
-"""The shared-prefix update: prefixes found from the ids (hand-computed), and log-probs, loss and
-gradients equal to the unshared path for GRPO and RC-GRPO groups, LoRA and full fine-tuning,
-with and without gradient checkpointing, and through a whole trainer step.
+"""The shared-prefix update: prefixes found from the ids and clusters weighed with attention
+(hand-computed), the suffix kernels against a masked SDPA (values, gradients, and no mask kept
+for the backward), and log-probs, loss and gradients equal to the unshared path for GRPO and
+RC-GRPO groups, LoRA and full fine-tuning, with and without gradient checkpointing, on each
+suffix kernel, and through a whole trainer step.
 
     .venv/bin/pytest tests/test_shared_prefix.py -q
 """
@@ -13,11 +15,17 @@ from test_trainer import make
 
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
-from rcgrpo.training import shared_forward
+from rcgrpo.training import shared_forward, suffix_attention
 from rcgrpo.training.forward import training_attention
 from rcgrpo.training.grpo import update
 from rcgrpo.training.grpo.core_algos import policy_loss
-from rcgrpo.training.shared_prefix import common_prefix, computed_tokens, pack, share_groups
+from rcgrpo.training.shared_prefix import (
+    cluster_cost,
+    common_prefix,
+    computed_tokens,
+    pack,
+    share_groups,
+)
 from rcgrpo.training.shared_prefix import micro_batches as shared_micro_batches
 
 
@@ -40,6 +48,79 @@ def test_share_groups_computes_the_fewest_tokens():
     assert computed_tokens(rows) == 12
     # but one shared token over 3 rows is still worth sharing: 1 + 3 x 1
     assert share_groups([[5, 1], [5, 2], [5, 3]]) == [([0, 1, 2], 1)]
+
+
+def test_attention_in_the_clusters_prefers_the_longer_prefix_by_hand():
+    r0, r1 = [1] * 10 + [2, 2], [1] * 10 + [3, 3]  # 12 tokens each, sharing 10
+    r2 = [1] * 6 + [4] * 6  # shares 6 with both
+    # tokens only: all three (6 + 3 x 6 = 24) beat {r0, r1} + {r2} (10 + 2 + 2 + 12 = 26)
+    assert share_groups([r0, r1, r2]) == [([0, 1, 2], 6)]
+    # attention at 1 token per square: a cluster saves (k - 1)(P + P^2): 2 x 42 = 84 for all
+    # three, 110 for {r0, r1}: 3 x (12 + 144) - 110 = 358 < 468 - 84 = 384
+    assert share_groups([r0, r1, r2], attn=1.0) == [([0, 1], 10), ([2], 12)]
+    assert cluster_cost([12, 12], 10, 1.0) == 14 + (100 + 2 * 44)  # tokens + squares
+    assert cluster_cost([12], 12, 1.0) == 12 + 144  # a row alone
+
+
+def suffix_inputs(g, h=4, h_kv=2, d=8, p=7, lengths=(5, 3, 6)):
+    q = torch.randn(1, h, sum(lengths), d, generator=g, requires_grad=True)
+    kv = [torch.randn(1, h_kv, n, d, generator=g, requires_grad=True) for n in (p, p)]
+    kv += [torch.randn(1, h_kv, sum(lengths), d, generator=g, requires_grad=True) for _ in "kv"]
+    return q, *kv, list(lengths)
+
+
+def masked_suffixes(q, kp, vp, ks, vs, lengths):
+    """The suffixes' attention with an explicit bottom-right causal mask per suffix."""
+    parts, s, p = [], 0, kp.shape[2]
+    for n in lengths:
+        mask = torch.arange(p + n)[None] <= p + torch.arange(n)[:, None]  # (n, P+n)
+        k, v = torch.cat([kp, ks[:, :, s : s + n]], 2), torch.cat([vp, vs[:, :, s : s + n]], 2)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, s : s + n], k, v, attn_mask=mask, enable_gqa=True
+        )
+        parts.append(out)
+        s += n
+    return torch.cat(parts, 2)
+
+
+@pytest.mark.parametrize("kernel", ["merge", "lower_right"])
+def test_suffix_kernels_equal_a_masked_attention_in_value_and_gradient(monkeypatch, kernel):
+    assert suffix_attention.kernel("cpu") == "merge"  # what the CPU runs
+    monkeypatch.setattr(suffix_attention, "kernel", lambda device: kernel)
+    inputs = suffix_inputs(torch.Generator().manual_seed(0))
+    grad = torch.randn(1, 4, 14, 8, generator=torch.Generator().manual_seed(1))
+    results = []
+    for fn in (masked_suffixes, lambda *a: suffix_attention.suffixes(*a, None)):
+        for t in inputs[:5]:
+            t.grad = None
+        out = fn(*inputs)
+        out.backward(grad)
+        results.append([out.detach()] + [t.grad.clone() for t in inputs[:5]])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_merge_kernel_keeps_no_mask_for_the_backward():
+    """The bytes autograd keeps for a cluster's suffixes: the merge kernel keeps q, k, v, its
+    output and log-sum-exp, no (n, P+n) mask; the masked call keeps a float32 mask as big as
+    the rest of the suffix attention (bench/update.py's peak memory)."""
+    q, kp, vp, ks, vs, lengths = suffix_inputs(torch.Generator().manual_seed(0), p=64)
+    kept = {}
+    for name, fn in (("masked", masked_suffixes), ("merge", suffix_attention.suffixes)):
+        saved = {}
+
+        def pack_hook(t, saved=saved):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        args = (q, kp, vp, ks, vs, lengths) + ((None,) if name == "merge" else ())
+        with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t):
+            fn(*args)
+        kept[name] = sum(saved.values())
+    inputs = sum(t.numel() * 4 for t in (q, kp, vp, ks, vs))
+    out_lse = q.numel() * 4 + q[..., 0].numel() * 4
+    assert kept["merge"] <= inputs + out_lse
+    assert kept["masked"] > kept["merge"]
 
 
 def test_pack_lays_out_prefix_then_suffixes_by_hand():

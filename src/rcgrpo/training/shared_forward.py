@@ -30,6 +30,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from rcgrpo.training import suffix_attention
+from rcgrpo.training.balance import model_coef
 from rcgrpo.training.forward import _identity, _impl, _pick, right_padded
 from rcgrpo.training.shared_prefix import pack, share_groups
 
@@ -38,26 +40,25 @@ NAME = "rcgrpo_shared_prefix"  # the attention implementation's registered name
 
 def shared_prefix_attention(module, query, key, value, attention_mask, **kwargs):
     """query (1, h, L, d), key/value (1, h_kv, L, d) of the packed row -> ((1, L, h, d), None).
-    kwargs["prefix_blocks"]: [(prefix start, P, [(suffix start, n)])] in packed order; without
-    it, transformers' SDPA."""
+    kwargs["prefix_blocks"]: [(prefix start, P, [(suffix start, n)])] in packed order, each
+    block's suffixes consecutive right after its prefix; without it, transformers' SDPA."""
     blocks = kwargs.pop("prefix_blocks", None)
     if blocks is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if kwargs.get("dropout") or kwargs.get("sliding_window") or kwargs.get("softcap"):
+        raise ValueError("the shared-prefix attention takes no dropout, sliding window or softcap")
+    scale = kwargs.get("scaling")
     parts = []
     for start, p, suffixes in blocks:
         pre = slice(start, start + p)
         k, v = key[:, :, pre], value[:, :, pre]  # (1, h_kv, P, d): read by every suffix
-        parts.append(sdpa_attention_forward(module, query[:, :, pre], k, v, None, **kwargs)[0])
-        for s, n in suffixes:
-            suf = slice(s, s + n)
-            keys = torch.cat([k, key[:, :, suf]], 2)  # (1, h_kv, P+n, d)
-            values = torch.cat([v, value[:, :, suf]], 2)
-            # query i (at position P+i) sees keys 0..P+i: bottom-right causal, (1, 1, n, P+n)
-            cols = torch.arange(p + n, device=query.device)
-            mask = (cols[None] <= p + torch.arange(n, device=query.device)[:, None])[None, None]
-            out = sdpa_attention_forward(module, query[:, :, suf], keys, values, mask, **kwargs)
-            parts.append(out[0])
-    return torch.cat(parts, 1), None  # (1, L, h, d)
+        parts.append(suffix_attention.causal(query[:, :, pre], k, v, scale))
+        if suffixes:
+            suf = slice(suffixes[0][0], suffixes[-1][0] + suffixes[-1][1])
+            lengths = [n for _, n in suffixes]
+            args = (query[:, :, suf], k, v, key[:, :, suf], value[:, :, suf], lengths, scale)
+            parts.append(suffix_attention.suffixes(*args))
+    return torch.cat(parts, 2).transpose(1, 2).contiguous(), None  # (1, L, h, d)
 
 
 # no mask function registered with it: transformers then builds no (L, L) mask (the blocks are
@@ -88,7 +89,7 @@ def shared_hidden(model, ids: torch.Tensor, attn: torch.Tensor, targets: torch.T
     where = targets.bool()
     lengths = attn.sum(1).tolist()
     rows = [ids[i, :n].tolist() for i, n in enumerate(lengths)]
-    packed = pack(rows, share_groups(rows), ids.shape[1])
+    packed = pack(rows, share_groups(rows, model_coef(model)), ids.shape[1])
     kwargs = {
         "input_ids": packed.ids[None].to(ids.device),  # (1, L)
         "position_ids": packed.positions[None].to(ids.device),  # (1, L)

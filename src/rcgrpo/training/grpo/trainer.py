@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from rcgrpo.rollout.bfcl_environment import BFCL
-from rcgrpo.training import checkpoint, distributed, shared_forward, shared_prefix
+from rcgrpo.training import balance, checkpoint, distributed, shared_forward, shared_prefix
 from rcgrpo.training.forward import packs
 from rcgrpo.training.grpo import engine_is, group_filter, rollouts, update
 from rcgrpo.training.grpo.config import RLConfig
@@ -82,6 +82,7 @@ class Trainer:
         self.policy, self.engine, self.tasks, self.cfg = policy, engine, list(tasks), cfg
         self.model = policy.model
         self.shared = shared_forward.enable(self.model, cfg.shared_prefix)  # SDPA models only
+        self.attn_coef = balance.model_coef(self.model)  # attention's weight in shared clusters
         self.log_metrics = log_metrics
         self.score_fn = score_fn or BFCL.scorer(cfg.protocol, cfg.reward)
         self.ref_model = ref_model
@@ -175,11 +176,11 @@ class Trainer:
         batch = update.to_batch(out.rollouts, self.pad_id)
         lengths = [len(r.ids) for r in out.rollouts]
         packed = packs(self.model)  # flash-attention: micro-batches are padding-free rows
-        passes = update.schedule(cfg, out.rollouts, step, packed, self.shared)
+        passes = update.schedule(cfg, out.rollouts, step, packed, self.shared, self.attn_coef)
         use_ref = (self.ref_model is not None or self.ref_adapter is not None) and cfg.kl_coef > 0
         # pi_old and the reference sharded like the update (update.first_pass_share), then
         # summed over the ranks (later passes reshuffle the micro-batches between ranks)
-        mine = update.first_pass_share(self.ranks, batch, passes)
+        mine = update.first_pass_share(self.ranks, self.model, batch, passes)
         ref_fn = self._ref_logprobs if use_ref else None
         self._phase("update", step)
         recompute = cfg.behaviour_logprobs == "recompute"  # engine: no pi_old forward
@@ -211,7 +212,9 @@ class Trainer:
             cfg, out, batch.mask, gap, self.updates, lr, time.perf_counter() - t0
         )
         metrics |= corrected
-        fwd = shared_prefix.forward_metrics(batch.ids, lengths, passes, packed, self.shared)
+        fwd = shared_prefix.forward_metrics(
+            batch.ids, lengths, passes, packed, self.shared, self.attn_coef
+        )
         # + pad_frac, micro-batches, computed tokens (shared or not); with a filter, reward/* are
         # the first draw's
         return metrics | fwd | filtered

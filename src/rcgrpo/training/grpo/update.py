@@ -87,16 +87,30 @@ def logprobs(model, ids, attn, mask, temperature: float = 1.0):
     ids, attn, mask = ids.to(dev), attn.to(dev), mask.to(dev)
     forward = shared_forward.shared_hidden if shared_forward.active(model) else masked_hidden
     hidden, where, head = forward(model, ids, attn, mask)  # shared: prefixes computed once
-    logp, sampled = head_logprobs(head, hidden, ids[:, 1:][where], temperature)
+    # the entropy is a statistic of the PPO pass (grad on): pi_old and the reference skip it
+    entropy = torch.is_grad_enabled()
+    logp, sampled = head_logprobs(head, hidden, ids[:, 1:][where], temperature, entropy=entropy)
     return scatter(logp, where), sampled, where
 
 
-def first_pass_share(ranks, batch: Batch, passes) -> list[torch.Tensor]:
+def deal(ranks, model, batch: Batch, mini: list) -> list[tuple[torch.Tensor, float]]:
+    """This rank's share of a mini-batch's micro-batches (index tensors), with weights
+    (Ranks.share): dealt by what each computes (balance.micro_costs, shared prefixes once
+    where the model shares them), padded with the mini-batch's shortest row alone at weight 0."""
+    if ranks.world == 1:
+        return ranks.share(mini)
+    shared = getattr(model, "training_attention", None) == shared_forward.NAME
+    costs = balance.micro_costs(batch.ids, batch.attn, mini, balance.model_coef(model), shared)
+    rows = torch.cat(mini)
+    shortest = rows[batch.attn[rows].sum(1).argmin()].view(1)  # (1,) the filler
+    return ranks.share(mini, costs, shortest)
+
+
+def first_pass_share(ranks, model, batch: Batch, passes) -> list[torch.Tensor]:
     """This rank's micro-batches (index tensors) of the first pass, the zero-weight padding
     left out: pi_old and the reference run the same forwards as the first update (ratio
     exactly 1)."""
-    rows = [[balance.padded_rows(batch.attn, c) for c in mini] for mini in passes[0]]
-    shares = (ranks.share(mini, r) for mini, r in zip(passes[0], rows, strict=True))
+    shares = (deal(ranks, model, batch, mini) for mini in passes[0])
     return [c for share in shares for c, w in share if w]
 
 
@@ -195,7 +209,7 @@ def ppo_updates(
         total = sum(size(c) for c in mini).clamp(min=1)
         upd: dict[str, float] = {}
         # (micro-batch, 1.0); under accelerate this rank's share, + zero-weight padding
-        mine = ranks.share(mini, [balance.padded_rows(attn, c) for c in mini])
+        mine = deal(ranks, model, batch, mini)
         for i, (c, share) in enumerate(mine):
             cols = width(attn, c)  # its longest member: (b, cols) in, (b, cols-1) out
             m = mask[c, : cols - 1]
@@ -247,9 +261,11 @@ def ppo_updates(
     return updates
 
 
-def schedule(cfg: RLConfig, rollouts: list, step: int, packed: bool, shared: bool) -> list:
+def schedule(
+    cfg: RLConfig, rollouts: list, step: int, packed: bool, shared: bool, attn: float = 0.0
+) -> list:
     """The step's PPO passes of mini-batches of micro-batch index tensors
-    (core_algos.minibatch_indices). The shuffle has a generator of its own, seeded by the step
+    (core_algos.minibatch_indices; shared: clusters at the model's attention weight `attn`). The shuffle has a generator of its own, seeded by the step
     (not by draw's stream), so that a resumed run visits the rollouts in the same order."""
     shuffle = torch.Generator().manual_seed(2**32 + step_seed(cfg.seed, step))
     return minibatch_indices(
@@ -264,4 +280,5 @@ def schedule(cfg: RLConfig, rollouts: list, step: int, packed: bool, shared: boo
         [int(r.loss_mask.sum()) for r in rollouts],
         cfg.max_sampled_per_micro_batch,
         [r.ids.tolist() for r in rollouts] if shared else None,  # sharing: computed tokens
+        attn,
     )
