@@ -123,6 +123,23 @@ def test_merge_kernel_keeps_no_mask_for_the_backward():
     assert kept["masked"] > kept["merge"]
 
 
+def test_the_shared_path_replaces_flash_attention_too_and_gives_it_back():
+    """With flash-attn installed (CUDA) the update's training attention is flash_attention_2:
+    sharing takes over (its kernels are PyTorch's own) and `enable(False)` restores it; eager
+    attention is not shared."""
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(
+        training_attention="flash_attention_2", config=SimpleNamespace(_attn_implementation="sdpa")
+    )
+    assert shared_forward.enable(model, True)
+    assert model.training_attention == shared_forward.NAME
+    assert not shared_forward.enable(model, False)
+    assert model.training_attention == "flash_attention_2"
+    eager = SimpleNamespace(training_attention="eager", config=SimpleNamespace())
+    assert not shared_forward.enable(eager, True) and eager.training_attention == "eager"
+
+
 def test_pack_lays_out_prefix_then_suffixes_by_hand():
     rows = [[1, 2, 3, 4], [1, 2, 5], [8]]
     p = pack(rows, share_groups(rows), width=5)

@@ -5,9 +5,10 @@ How: the micro-batch becomes one packed row (rcgrpo.training.shared_prefix.pack:
 rows, the prefix once, then each row's suffix, with position ids restarting per sequence so RoPE
 sees the unshared positions). The linear layers (projections, MLP, norms) run once per packed
 token. The attention is a registered transformers attention function (`NAME`) that reads the
-blocks from a keyword argument and runs, per layer and block, SDPA on the prefix's causal
-self-attention, then SDPA for each suffix over [prefix keys; suffix keys] with a bottom-right
-causal mask. Why this and not the KV cache (prefix with use_cache, then the suffixes with its
+blocks from a keyword argument and runs, per layer and block, the prefix's causal
+self-attention, then its suffixes over [prefix keys; own keys] with a bottom-right causal mask
+that is never built: rcgrpo.training.suffix_attention, at causal FLOPs. Why this and not the KV
+cache (prefix with use_cache, then the suffixes with its
 cache expanded): a cache is state the layers write into, and a checkpointed layer's recompute
 writes it again (transformers turns the cache off under gradient checkpointing); the attention
 function is a pure function of the layer's q, k, v, so gradient checkpointing recomputes it as
@@ -17,9 +18,9 @@ LoRA, which wraps only the linear layers, is untouched.
 The attention is switched in by `enable` as the model's training attention
 (rcgrpo.training.forward.training_attention holds it over forwards AND backwards, so a
 checkpointed layer recomputes with it). Called without blocks it is transformers' causal SDPA
-without a mask (what the padded path runs on right-padded rows). Where the model trains with
-flash-attention (CUDA, packed varlen rows) or eager attention, `enable` leaves it as it is: the
-shared path is the SDPA one (docs/shared-prefix.md).
+without a mask (what the padded path runs on right-padded rows). It replaces SDPA and
+flash-attention (packed varlen rows, CUDA) as the update's attention: its kernels are PyTorch's
+own, flash on CUDA through SDPA; eager attention is left as it is (docs/shared-prefix.md).
 
     .venv/bin/pytest tests/test_shared_prefix.py -q
 """
@@ -67,12 +68,15 @@ AttentionInterface.register(NAME, shared_prefix_attention)
 
 
 def enable(model, on: bool = True) -> bool:
-    """Make the shared-prefix attention the model's training attention where that is SDPA;
-    returns whether the model's update forwards now share prefixes. on=False restores SDPA."""
+    """Make the shared-prefix attention the model's training attention where that is SDPA or
+    flash-attention (its kernels are PyTorch's own, flash on CUDA); returns whether the model's
+    update forwards now share prefixes. on=False restores the one it replaced."""
     current = getattr(model, "training_attention", None) or _impl(model)
-    if current not in ("sdpa", NAME):
-        return False
-    model.training_attention = NAME if on else "sdpa"
+    if current != NAME and current != "sdpa" and "flash" not in current:
+        return False  # eager and others: not shared
+    if current != NAME:
+        model.unshared_attention = current
+    model.training_attention = NAME if on else getattr(model, "unshared_attention", "sdpa")
     return on
 
 

@@ -49,7 +49,7 @@ def step_time(arch, b, rl, rollout, gpus, gpu, kv_tok, lora, ckpt, mfu) -> list[
     lines.append(
         f"  update, rl.shared_prefix: {share['ratio']:.2f} x the FLOPs          "
         f"{update * share['ratio']:8.0f} s   ({share['tokens'] / 1e6:.1f}M of "
-        f"{share['unshared_tokens'] / 1e6:.1f}M tokens a forward; SDPA path)"
+        f"{share['unshared_tokens'] / 1e6:.1f}M tokens a forward; causal FLOPs)"
     )
     for name, roll in (("lock-step", lock), ("async", free)):
         for label, upd in (("", update), (", shared", update * share["ratio"])):
