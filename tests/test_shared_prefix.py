@@ -62,65 +62,75 @@ def test_attention_in_the_clusters_prefers_the_longer_prefix_by_hand():
     assert cluster_cost([12], 12, 1.0) == 12 + 144  # a row alone
 
 
-def suffix_inputs(g, h=4, h_kv=2, d=8, p=7, lengths=(5, 3, 6)):
-    q = torch.randn(1, h, sum(lengths), d, generator=g, requires_grad=True)
-    kv = [torch.randn(1, h_kv, n, d, generator=g, requires_grad=True) for n in (p, p)]
-    kv += [torch.randn(1, h_kv, sum(lengths), d, generator=g, requires_grad=True) for _ in "kv"]
-    return q, *kv, list(lengths)
+BLOCKS = [(0, 7, [(7, 5), (12, 3), (15, 6)]), (21, 4, []), (25, 3, [(28, 2)])]  # L = 30
 
 
-def masked_suffixes(q, kp, vp, ks, vs, lengths):
-    """The suffixes' attention with an explicit bottom-right causal mask per suffix."""
-    parts, s, p = [], 0, kp.shape[2]
-    for n in lengths:
-        mask = torch.arange(p + n)[None] <= p + torch.arange(n)[:, None]  # (n, P+n)
-        k, v = torch.cat([kp, ks[:, :, s : s + n]], 2), torch.cat([vp, vs[:, :, s : s + n]], 2)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q[:, :, s : s + n], k, v, attn_mask=mask, enable_gqa=True
-        )
-        parts.append(out)
-        s += n
-    return torch.cat(parts, 2)
+def row_inputs(g, h=4, h_kv=2, d=8, length=30):
+    """q (1, h, L, d), k and v (1, h_kv, L, d) of a packed row, as transformers passes them."""
+    q = torch.randn(1, length, h, d, generator=g).transpose(1, 2).requires_grad_()
+    k, v = (torch.randn(1, h_kv, length, d, generator=g).requires_grad_() for _ in "kv")
+    return q, k, v
+
+
+def masked_row(q, k, v, blocks):
+    """The packed row's attention with explicit masks: a prefix causal, each suffix over
+    [prefix; itself] with a bottom-right causal mask -> (1, L, h, d)."""
+    parts = []
+    for start, p, suffixes in blocks:
+        pre = slice(start, start + p)
+        kp, vp = k[:, :, pre], v[:, :, pre]
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        parts.append(sdpa(q[:, :, pre], kp, vp, is_causal=True, enable_gqa=True))
+        for s, n in suffixes:
+            mask = torch.arange(p + n)[None] <= p + torch.arange(n)[:, None]  # (n, P+n)
+            keys, values = (
+                torch.cat([kp, k[:, :, s : s + n]], 2),
+                torch.cat([vp, v[:, :, s : s + n]], 2),
+            )
+            parts.append(sdpa(q[:, :, s : s + n], keys, values, attn_mask=mask, enable_gqa=True))
+    return torch.cat(parts, 2).transpose(1, 2)
 
 
 @pytest.mark.parametrize("kernel", ["merge", "lower_right"])
 def test_suffix_kernels_equal_a_masked_attention_in_value_and_gradient(monkeypatch, kernel):
     assert suffix_attention.kernel("cpu") == "merge"  # what the CPU runs
     monkeypatch.setattr(suffix_attention, "kernel", lambda device: kernel)
-    inputs = suffix_inputs(torch.Generator().manual_seed(0))
-    grad = torch.randn(1, 4, 14, 8, generator=torch.Generator().manual_seed(1))
+    inputs = row_inputs(torch.Generator().manual_seed(0))
+    grad = torch.randn(1, 30, 4, 8, generator=torch.Generator().manual_seed(1))
     results = []
-    for fn in (masked_suffixes, lambda *a: suffix_attention.suffixes(*a, None)):
-        for t in inputs[:5]:
+    for fn in (masked_row, lambda *a: suffix_attention.packed(*a, None)):
+        for t in inputs:
             t.grad = None
-        out = fn(*inputs)
+        out = fn(*inputs, BLOCKS)
         out.backward(grad)
-        results.append([out.detach()] + [t.grad.clone() for t in inputs[:5]])
+        results.append([out.detach()] + [t.grad.clone() for t in inputs])
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
-def test_merge_kernel_keeps_no_mask_for_the_backward():
-    """The bytes autograd keeps for a cluster's suffixes: the merge kernel keeps q, k, v, its
-    output and log-sum-exp, no (n, P+n) mask; the masked call keeps a float32 mask as big as
-    the rest of the suffix attention (bench/update.py's peak memory)."""
-    q, kp, vp, ks, vs, lengths = suffix_inputs(torch.Generator().manual_seed(0), p=64)
+def test_merge_kernel_keeps_what_causal_attention_keeps():
+    """The bytes autograd keeps for a packed row: the merge kernel keeps q, k, v, one output
+    buffer (the one o_proj reads) and the log-sum-exp, like causal SDPA on a row, and no
+    (n, P+n) mask; the masked calls keep a float32 mask per suffix, as big as the rest."""
+    q, k, v = row_inputs(torch.Generator().manual_seed(0), length=330)
+    blocks = [(0, 200, [(200, 40), (240, 50), (290, 40)])]
     kept = {}
-    for name, fn in (("masked", masked_suffixes), ("merge", suffix_attention.suffixes)):
+    for name, fn in (
+        ("masked", masked_row),
+        ("merge", lambda *a: suffix_attention.packed(*a, None)),
+    ):
         saved = {}
 
         def pack_hook(t, saved=saved):
             saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
             return t
 
-        args = (q, kp, vp, ks, vs, lengths) + ((None,) if name == "merge" else ())
         with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t):
-            fn(*args)
+            fn(q, k, v, blocks)
         kept[name] = sum(saved.values())
-    inputs = sum(t.numel() * 4 for t in (q, kp, vp, ks, vs))
-    out_lse = q.numel() * 4 + q[..., 0].numel() * 4
-    assert kept["merge"] <= inputs + out_lse
-    assert kept["masked"] > kept["merge"]
+    qkv = sum(t.numel() * 4 for t in (q, k, v))
+    assert kept["merge"] == qkv + q.numel() * 4 + q[..., 0].numel() * 4  # + output, lse
+    assert kept["masked"] > 1.5 * kept["merge"]
 
 
 def test_the_shared_path_replaces_flash_attention_too_and_gives_it_back():

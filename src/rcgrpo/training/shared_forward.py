@@ -48,18 +48,7 @@ def shared_prefix_attention(module, query, key, value, attention_mask, **kwargs)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if kwargs.get("dropout") or kwargs.get("sliding_window") or kwargs.get("softcap"):
         raise ValueError("the shared-prefix attention takes no dropout, sliding window or softcap")
-    scale = kwargs.get("scaling")
-    parts = []
-    for start, p, suffixes in blocks:
-        pre = slice(start, start + p)
-        k, v = key[:, :, pre], value[:, :, pre]  # (1, h_kv, P, d): read by every suffix
-        parts.append(suffix_attention.causal(query[:, :, pre], k, v, scale))
-        if suffixes:
-            suf = slice(suffixes[0][0], suffixes[-1][0] + suffixes[-1][1])
-            lengths = [n for _, n in suffixes]
-            args = (query[:, :, suf], k, v, key[:, :, suf], value[:, :, suf], lengths, scale)
-            parts.append(suffix_attention.suffixes(*args))
-    return torch.cat(parts, 2).transpose(1, 2).contiguous(), None  # (1, L, h, d)
+    return suffix_attention.packed(query, key, value, blocks, kwargs.get("scaling")), None
 
 
 # no mask function registered with it: transformers then builds no (L, L) mask (the blocks are

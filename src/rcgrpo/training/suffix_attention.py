@@ -44,77 +44,105 @@ def kernel(device: torch.device | str) -> str:
     return "merge" if cpu and _CPU is not None and _CPU_BACKWARD is not None else "lower_right"
 
 
-def causal(q, k, v, scale: float | None) -> torch.Tensor:
-    """Causal self-attention of one sequence: (1, h, n, d)."""
-    gqa = q.shape[1] != k.shape[1]
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-
-
-def suffixes(q, kp, vp, ks, vs, lengths: list[int], scale: float | None) -> torch.Tensor:
-    """The consecutive suffixes of one cluster (lengths n_1.., summing to N) attending to
-    [prefix; own keys]: q (1, h, N, d), kp/vp (1, h_kv, P, d), ks/vs (1, h_kv, N, d) ->
-    (1, h, N, d)."""
-    if kernel(q.device) == "merge":
-        return _Merged.apply(q, kp, vp, ks, vs, tuple(lengths), scale)
-    gqa = q.shape[1] != kp.shape[1]
-    parts, s = [], 0
-    for n in lengths:
-        keys = torch.cat([kp, ks[:, :, s : s + n]], 2)  # (1, h_kv, P+n, d)
-        values = torch.cat([vp, vs[:, :, s : s + n]], 2)
-        bias = causal_lower_right(n, kp.shape[2] + n)
-        out = F.scaled_dot_product_attention(
-            q[:, :, s : s + n], keys, values, attn_mask=bias, scale=scale, enable_gqa=gqa
+def packed(query, key, value, blocks, scale: float | None) -> torch.Tensor:
+    """The attention of a packed row: query (1, h, L, d), key/value (1, h_kv, L, d), blocks
+    [(prefix start, P, [(suffix start, n)])] (rcgrpo.training.shared_prefix.pack, each block's
+    suffixes right after its prefix) -> (1, L, h, d), what transformers' o_proj reads."""
+    if kernel(query.device) == "merge":
+        return _Merged.apply(query, key, value, tuple(_spans(blocks)), scale)
+    gqa = query.shape[1] != key.shape[1]
+    parts = []
+    for start, p, suffixes in blocks:
+        pre = slice(start, start + p)
+        kp, vp = key[:, :, pre], value[:, :, pre]  # (1, h_kv, P, d): read by every suffix
+        parts.append(
+            F.scaled_dot_product_attention(
+                query[:, :, pre], kp, vp, is_causal=True, scale=scale, enable_gqa=gqa
+            )
         )
-        parts.append(out)
-        s += n
-    return torch.cat(parts, 2)
+        for s, n in suffixes:
+            keys = torch.cat([kp, key[:, :, s : s + n]], 2)  # (1, h_kv, P+n, d)
+            values = torch.cat([vp, value[:, :, s : s + n]], 2)
+            bias = causal_lower_right(n, p + n)
+            out = F.scaled_dot_product_attention(
+                query[:, :, s : s + n], keys, values, attn_mask=bias, scale=scale, enable_gqa=gqa
+            )
+            parts.append(out)
+    return torch.cat(parts, 2).transpose(1, 2).contiguous()
 
 
-def _blocks(lengths):
-    s = 0
-    for n in lengths:
-        yield slice(s, s + n)
-        s += n
+def _spans(blocks):
+    """Per block: (prefix slice, the suffixes' slice, [each suffix's slice])."""
+    for start, p, suffixes in blocks:
+        pre = slice(start, start + p)
+        own = tuple(slice(s, s + n) for s, n in suffixes)
+        yield pre, slice(start + p, own[-1].stop if own else start + p), own
+
+
+def _heads(t: torch.Tensor, rows: slice) -> torch.Tensor:
+    """Rows of a (1, L, h, d) buffer as the fused op's (1, h, n, d) view."""
+    return t[:, rows].transpose(1, 2)
 
 
 class _Merged(torch.autograd.Function):
-    """The `merge` kernel (module docstring) for the fused CPU op; exact in value and gradient."""
+    """The `merge` kernel (module docstring) over a whole packed row, for the fused CPU op:
+    exact in value and gradient. Its output is one (1, L, h, d) buffer, the tensor it keeps for
+    the backward and the one o_proj reads, so it holds per token what the causal kernel holds
+    (q, k, v, output, log-sum-exp)."""
 
     @staticmethod
-    def forward(ctx, q, kp, vp, ks, vs, lengths, scale):
-        out_a, lse_a = _CPU(q, kp, vp, 0.0, False, scale=scale)  # (1, h, N, d), (1, h, N)
-        out_b, lse_b = [], []
-        for sl in _blocks(lengths):
-            o, lse = _CPU(q[:, :, sl], ks[:, :, sl], vs[:, :, sl], 0.0, True, scale=scale)
-            out_b.append(o)
-            lse_b.append(lse)
-        out_b, lse_b = torch.cat(out_b, 2), torch.cat(lse_b, 2)
-        lse = torch.logaddexp(lse_a, lse_b)  # (1, h, N): the whole softmax's normaliser
-        out = torch.exp(lse_a - lse)[..., None] * out_a + torch.exp(lse_b - lse)[..., None] * out_b
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q, kp, vp, ks, vs, out, lse)
-        ctx.lengths, ctx.scale = lengths, scale
+    def forward(ctx, q, k, v, spans, scale):
+        out = q.new_empty(q.shape[0], q.shape[2], q.shape[1], q.shape[3])  # (1, L, h, d)
+        lse = q.new_empty(q.shape[:3], dtype=torch.float32)  # (1, h, L)
+        for pre, suf, own in spans:
+            o, lse[:, :, pre] = _CPU(
+                q[:, :, pre], k[:, :, pre], v[:, :, pre], 0.0, True, scale=scale
+            )
+            _heads(out, pre).copy_(o)
+            if suf.stop == suf.start:
+                continue
+            # all suffix queries against the prefix (no mask), each suffix against itself
+            out_a, lse_a = _CPU(q[:, :, suf], k[:, :, pre], v[:, :, pre], 0.0, False, scale=scale)
+            for rows in own:
+                out_b, lse_b = _CPU(
+                    q[:, :, rows], k[:, :, rows], v[:, :, rows], 0.0, True, scale=scale
+                )
+                at = slice(rows.start - suf.start, rows.stop - suf.start)  # in the suffix span
+                both = torch.logaddexp(lse_a[:, :, at], lse_b)  # (1, h, n): the whole softmax
+                merged = torch.exp(lse_a[:, :, at] - both)[..., None] * out_a[:, :, at]
+                merged += torch.exp(lse_b - both)[..., None] * out_b
+                _heads(out, rows).copy_(merged)
+                lse[:, :, rows] = both
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.spans, ctx.scale = spans, scale
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, kp, vp, ks, vs, out, lse = ctx.saved_tensors
-        grad = grad.contiguous()
-        dq, dkp, dvp = _CPU_BACKWARD(grad, q, kp, vp, out, lse, 0.0, False, scale=ctx.scale)
-        dqs, dks, dvs = [], [], []
-        for sl in _blocks(ctx.lengths):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        scale = ctx.scale
+
+        def back(rows, keys, causal: bool):  # the fused backward at the merged out and lse
             parts = _CPU_BACKWARD(
-                grad[:, :, sl],
-                q[:, :, sl],
-                ks[:, :, sl],
-                vs[:, :, sl],
-                out[:, :, sl],
-                lse[:, :, sl],
+                _heads(grad, rows).contiguous(),
+                q[:, :, rows],
+                k[:, :, keys],
+                v[:, :, keys],
+                _heads(out, rows),
+                lse[:, :, rows],
                 0.0,
-                True,
-                scale=ctx.scale,
+                causal,
+                scale=scale,
             )
-            for acc, part in zip((dqs, dks, dvs), parts, strict=True):
-                acc.append(part)
-        dq = dq + torch.cat(dqs, 2)
-        return dq, dkp, dvp, torch.cat(dks, 2), torch.cat(dvs, 2), None, None
+            dq[:, :, rows] += parts[0]
+            dk[:, :, keys] += parts[1]
+            dv[:, :, keys] += parts[2]
+
+        for pre, suf, own in ctx.spans:
+            back(pre, pre, True)
+            if suf.stop > suf.start:
+                back(suf, pre, False)
+                for rows in own:
+                    back(rows, rows, True)
+        return dq, dk, dv, None, None

@@ -11,9 +11,10 @@ first (autograd goes from the latest node back) and frees them before any recomp
 chunk (N <= CHUNK) nothing is recomputed and the peak is the same. Row by row the numbers are
 those of the unchunked head (tests/test_rl_memory.py: log-probs, entropy and gradients to 1e-6).
 
-What each forward computes: the log-probs always (one log-sum-exp over V); the entropy (a
-statistic of the PPO pass, `entropy=True`) from that same log-sum-exp, once per chunk (the
-backward's recompute does not repeat it); the T = 1 log-probs only at another temperature.
+What each forward computes: the log-probs always (core_algos.token_logprobs: a log-sum-exp
+over V); the entropy only where asked (`entropy=True`: a statistic of the PPO pass, which
+pi_old and the reference forwards do not need), once per chunk (the backward's recompute does
+not repeat it), with one (n, V) temporary; the T = 1 log-probs only at another temperature.
 
     .venv/bin/pytest tests/test_rl_memory.py -q -k masked
 """
@@ -24,6 +25,8 @@ from typing import NamedTuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from rcgrpo.training.grpo.core_algos import token_logprobs
 
 CHUNK = 1024  # sampled positions per chunk: 1024 x 152,064 x 4 B = 0.62 GB per float32 copy
 
@@ -42,17 +45,16 @@ def _chunk(head, h: torch.Tensor, y: torch.Tensor, temperature: float, stats: di
     T = 1 (n,)): under checkpoint the backward runs it again for the gradient alone."""
     logits = head(h).float()  # (n, V)
     scaled = logits if temperature == 1.0 else logits / temperature
-    lse = torch.logsumexp(scaled, -1)  # (n,)
-    logp = scaled.gather(-1, y[:, None])[:, 0] - lse  # core_algos.token_logprobs
+    logp = token_logprobs(scaled, y)  # (n,)
     if "out" in stats:  # the backward's recompute
         return logp
     with torch.no_grad():
-        lse1 = lse if temperature == 1.0 else torch.logsumexp(logits, -1)
-        logp1 = logp.detach() if temperature == 1.0 else logits.gather(-1, y[:, None])[:, 0] - lse1
+        logp1 = logp.detach() if temperature == 1.0 else token_logprobs(logits, y)
         entropy = None
         if stats["entropy"]:  # H = lse - sum_v p_v logit_v, p = exp(logit - lse): one (n, V) copy
-            p = (logits - lse1[:, None]).exp_()
-            entropy = lse1 - p.mul_(logits).sum(-1)
+            lse = torch.logsumexp(logits, -1)
+            p = (logits - lse[:, None]).exp_()
+            entropy = lse - p.mul_(logits).sum(-1)
     stats["out"] = entropy, logp1
     return logp
 

@@ -81,7 +81,7 @@ class Trainer:
         self.on_rollouts = on_rollouts
         self.policy, self.engine, self.tasks, self.cfg = policy, engine, list(tasks), cfg
         self.model = policy.model
-        self.shared = shared_forward.enable(self.model, cfg.shared_prefix)  # SDPA models only
+        self.shared = shared_forward.enable(self.model, cfg.shared_prefix)  # not eager
         self.attn_coef = balance.model_coef(self.model)  # attention's weight in shared clusters
         self.log_metrics = log_metrics
         self.score_fn = score_fn or BFCL.scorer(cfg.protocol, cfg.reward)
