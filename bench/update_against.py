@@ -6,10 +6,12 @@ How: the rollouts are written once (the cpu preset's 8 RL tasks x G = 5 with RC-
 each the task's ground truth replayed through the agent loop with the qwen-shape tokenizer and
 compact docs, at bench/peer_trl.py's budgets: 96 tokens a message, 6 messages, 1,536 an
 episode; sampled tokens redrawn at random per rollout). REF is checked out into a temporary
-`git worktree` (under cache/, removed at the end; its cache/ is this checkout's, so the
-qwen-shape model is built once). Then bench/update_commit.py runs in a fresh process per side,
-with that side's src/ on PYTHONPATH, HEAD and REF interleaved (ABBA...) so that the other load
-of a shared machine falls on both: `--repeats` pairs. Each process times `--steps` updates, in
+`git worktree` (under cache/, with the rollouts file; its cache/ is this checkout's, so the
+qwen-shape model is built once), removed and pruned at the end, on an error and on SIGINT,
+SIGTERM or SIGHUP; one left by a SIGKILL is removed by the next run (tests/test_update_
+against.py). Then bench/update_commit.py runs in a fresh process per side, with that side's
+src/ on PYTHONPATH, HEAD and REF interleaved (ABBA...) so that the other load of a shared
+machine falls on both: `--repeats` pairs. Each process times `--steps` updates, in
 wall seconds and in its own CPU seconds (one torch thread: the CPU time is the work, barely
 moved by the other jobs, where the wall time waits for them); a side's figure is its mean, a
 ratio the median over the pairs of HEAD's / REF's. Last lines: `update time HEAD/REF: X`
@@ -23,7 +25,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -83,32 +87,76 @@ def write_rollouts(path: Path, seed: int = 0) -> dict:
     return {"rollouts": len(rows), "min": min(lengths), "max": max(lengths), "sum": sum(lengths)}
 
 
+class _Stop(BaseException):
+    """A SIGTERM or SIGHUP, raised where the bench is, so the worktree's `finally` runs."""
+
+
+def _raise_stop(signum, _frame) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def _git(root: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def remove_stale(root: Path) -> list[str]:
+    """Removes the worktrees under `root`/cache/ that an `against` killed by SIGKILL left
+    registered (their owner's pid, in the folder's name, is gone), then prunes; their paths."""
+    removed = []
+    for line in _git(root, "worktree", "list", "--porcelain").splitlines():
+        path = Path(line.removeprefix("worktree ")) if line.startswith("worktree ") else None
+        found = path and re.fullmatch(r"against-[0-9a-f]+-(\d+)-\w+", path.parent.name)
+        if not found or path.parent.parent != root / "cache" or _alive(int(found[1])):
+            continue
+        subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=root)
+        shutil.rmtree(path.parent, ignore_errors=True)
+        removed.append(str(path))
+    subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextlib.contextmanager
-def worktree(ref: str):
-    """A detached `git worktree` of `ref` under cache/ (its cache/ linked to this checkout's);
-    yields (its root, the commit it resolved to); removed on exit, whatever happens."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", f"{ref}^{{commit}}"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    (ROOT / "cache").mkdir(exist_ok=True)
-    parent = Path(tempfile.mkdtemp(prefix=f"against-{commit}-", dir=ROOT / "cache"))
+def worktree(ref: str, root: Path = ROOT):
+    """A detached `git worktree` of `ref` under `root`/cache/ (its cache/ linked to `root`'s);
+    yields (its root, the commit it resolved to). Removed and pruned on exit, on an error and on
+    SIGINT, SIGTERM or SIGHUP (raised here as exceptions, a second one ignored while it cleans
+    up); after a SIGKILL, the next run removes it (`remove_stale`)."""
+    commit = _git(root, "rev-parse", "--short", f"{ref}^{{commit}}")
+    (root / "cache").mkdir(exist_ok=True)
+    remove_stale(root)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGHUP, _raise_stop)
+    parent = Path(tempfile.mkdtemp(prefix=f"against-{commit}-{os.getpid()}-", dir=root / "cache"))
     tree = parent / "tree"
     try:
         subprocess.run(
-            ["git", "worktree", "add", "--detach", "-q", str(tree), commit], cwd=ROOT, check=True
+            ["git", "worktree", "add", "--detach", "-q", str(tree), commit], cwd=root, check=True
         )
-        (tree / "cache").symlink_to(ROOT / "cache")
+        (tree / "cache").symlink_to(root / "cache")
         yield tree, commit
     finally:
+        for s in before:
+            signal.signal(s, signal.SIG_IGN)  # a second signal must not cut the clean-up short
         subprocess.run(
-            ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True
+            ["git", "worktree", "remove", "--force", str(tree)], cwd=root, capture_output=True
         )
         shutil.rmtree(parent, ignore_errors=True)
-        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def run_side(tree: Path, rollouts: Path, steps: int, threads: int, extra: list[str]) -> dict:
@@ -128,17 +176,24 @@ def run_side(tree: Path, rollouts: Path, steps: int, threads: int, extra: list[s
         str(threads),
         *(["--set", *extra] if extra else []),
     ]
-    done = subprocess.run(
+    proc = subprocess.Popen(
         guarded(cmd, module=False),
         cwd=tree,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"{tree}: bench/update_commit.py failed:\n{done.stderr[-3000:]}")
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        stdout, stderr = proc.communicate()
+    finally:
+        if proc.poll() is None:  # stopped: SIGTERM lets the guard stop the update's group
+            proc.terminate()
+            proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{tree}: bench/update_commit.py failed:\n{stderr[-3000:]}")
+    out = json.loads(stdout.strip().splitlines()[-1])
     if Path(out["rcgrpo"]).resolve() != (tree / "src" / "rcgrpo").resolve():
         raise RuntimeError(f"{tree}: imported rcgrpo from {out['rcgrpo']}, not its own src/")
     return out
@@ -146,7 +201,7 @@ def run_side(tree: Path, rollouts: Path, steps: int, threads: int, extra: list[s
 
 def against(ref: str, repeats: int, steps: int, threads: int, extra: list[str]) -> float:
     """Prints each run and `update time HEAD/REF: X`; returns X."""
-    with worktree(ref) as (tree, commit), tempfile.TemporaryDirectory(dir=ROOT / "cache") as tmp:
+    with worktree(ref) as (tree, commit):
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
             cwd=ROOT,
@@ -157,7 +212,7 @@ def against(ref: str, repeats: int, steps: int, threads: int, extra: list[str]) 
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--", "src"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip()
-        rollouts = Path(tmp) / "rollouts.json"
+        rollouts = tree.parent / "rollouts.json"  # removed with the worktree
         info = write_rollouts(rollouts)
         print(
             f"{info['rollouts']} rollouts (8 tasks x G = {GROUP}), tokens {info['min']}-"
