@@ -66,6 +66,7 @@ BAD = {
         "engine_is": ("seq", "must be one of none, token, sequence"),
         "engine_is_cap": ("0.5", "must be in [1, inf)"),
         "engine_is_bound": ("1", "must be in (0, 1)"),
+        "sync_gap_max": ("-0.1", "must be in [0, inf)"),
         "lr": ("-1.0", "must be in (0, 1]"),
         "lr_lora": ("-1.0", "must be in [0, 1]"),
         "warmup_steps": ("-1", "must be in [0, inf)"),

@@ -58,9 +58,13 @@ USER_ERRORS = (
     "rcgrpo.chat.record:RecordError",
     "rcgrpo.servers:ServerError",
     "rcgrpo.run_lock:RunLocked",
+    "rcgrpo.owned:NotOwned",
     "rcgrpo.data.objects:ObjectError",
     "builtins:FileNotFoundError",
     "rcgrpo.training.plan.memory:NoFit",
+    "rcgrpo.training.rendezvous:Refused",
+    "rcgrpo.training.grpo.exchange:ExchangeError",
+    "rcgrpo.training.grpo.sync_probe:StaleEngine",
 )
 
 

@@ -110,12 +110,12 @@ def run(
         interrupted(rc)
     from flows.pipeline import pipeline_flow
     from rcgrpo.flow_server import prefect_for_flows
-    from rcgrpo.models.serving import served_bases
+    from rcgrpo.models.serving import node_bases
 
     started = time.monotonic()
     with contextlib.ExitStack() as stack:  # a Prefect server of its own stops with the command
         api = prefect_for_flows(stack)
-        stack.enter_context(served_bases(f"outputs/served-{os.getpid()}"))  # one per run
+        stack.enter_context(node_bases())  # one per run, for every stage and rank here
         try:
             out = pipeline_flow(rc, register_name, resume=resume)
         except (ConfigError, ValueError) as e:
@@ -219,15 +219,15 @@ def schedule(
     _enter_project()
     rc = _resolve(set_, stages, "", "", "", 1)  # a bad --set fails before serving
     params: dict = {"rc": rc.to_dict()}
-    from rcgrpo.flow_server import prefect_api_running, use_prefect
+    from rcgrpo.flow_server import checked_api_url, prefect_api_running, use_prefect
 
-    found = prefect_api_running()
+    found = None if os.environ.get("PREFECT_API_URL") else prefect_api_running()
     if not os.environ.get("PREFECT_API_URL") and not found:
         typer.echo("no Prefect server of `rcgrpo ui` on 127.0.0.1:4200: start it first", err=True)
         raise typer.Exit(1)
     from flows.deploy import serve
 
-    api = found[0] if found else os.environ["PREFECT_API_URL"]
+    api = found[0] if found else checked_api_url(os.environ["PREFECT_API_URL"])
     typer.echo(f"serving rcgrpo-pipeline/{name} on {api} with cron {cron!r}; Ctrl-C stops")
     with use_prefect(*found) if found else contextlib.nullcontext():
         serve(name, cron, params)

@@ -73,6 +73,9 @@ def train(
     allow_cpu: bool = typer.Option(False, help="train a hub profile or with vLLM on the CPU"),
 ) -> None:
     """Train one stage, logging every step to MLflow; the model goes to <out_dir>/final."""
+    from rcgrpo.training.launch import as_rank
+
+    as_rank()  # a rank of `--procs N` / `--nnodes N`: dies with its agent (before any import)
     from rcgrpo.config import ConfigError, parse_sets
     from rcgrpo.run_config import TRAIN_STAGES, RunConfig, resolve
 

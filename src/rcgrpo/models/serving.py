@@ -8,7 +8,13 @@ file lock (the first rank to ask writes it, the local ranks after it wait and re
 every later engine of the run (RL's ranks, the evaluations) whose rows are the same serves the
 same folder. The folder lives under the run's output (`served_bases`, entered by `rcgrpo run`,
 sets RCGRPO_SERVED_DIR for the stages and their torchrun ranks) and is removed when the run
-ends; an engine outside a run exports into its own working folder, removed when it closes.
+ends. Every node's torchrun agent (rcgrpo.tracking.stage.launch: node 0 of `rcgrpo run`, a
+joining node of `--nnodes`, `rcgrpo train STAGE --procs N`) runs its ranks inside
+`node_bases()`: the run's folder when there is one, else a folder of this node's own for that
+launch, so the ranks of a node share one export (a rank of a joining node used to export its own
+15 GB base). A kill -9 gives no chance to remove it: the next `served_bases` on this host removes
+the `served-<host>-<pid>` folders whose pid is gone. An engine outside any of these exports into
+its own working folder, removed when it closes.
 
     .venv/bin/pytest tests/test_lifecycle.py -q -k export
 """
@@ -20,8 +26,11 @@ import fcntl
 import hashlib
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
+
+from rcgrpo.owned import private_dir, sweep_dead
 
 SERVED_ENV = "RCGRPO_SERVED_DIR"  # the run's folder of served bases (set by served_bases)
 DONE = ".complete"  # written last: a folder without it is an interrupted export
@@ -45,12 +54,18 @@ def base_key(policy) -> str:
     return h.hexdigest()[:16]
 
 
+def base_for(policy, own: Path) -> Path:
+    """The served base an engine of `policy` serves: the run's or node's shared one (a LoRA
+    policy's, under RCGRPO_SERVED_DIR), else one exported under the engine's own folder `own`."""
+    return shared_base(policy, served_root() or own)
+
+
 def shared_base(policy, root: Path) -> Path:
     """root/<key>: the served base of a LoRA policy, exported by the first caller (under an
     exclusive lock on root/.lock) and reused by every later one with the same key."""
     from rcgrpo.models.export import export_for_serving
 
-    root.mkdir(parents=True, exist_ok=True)
+    private_dir(root)  # the user's alone: nobody else reads the weights or holds the lock
     folder = root / base_key(policy)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
@@ -65,8 +80,11 @@ def shared_base(policy, root: Path) -> Path:
 @contextlib.contextmanager
 def served_bases(folder: str | Path) -> Iterator[Path]:
     """The run's folder of served bases for everything started inside (env RCGRPO_SERVED_DIR,
-    inherited by the stages' processes), removed on the way out however the run ends."""
+    inherited by the stages' processes), removed on the way out however the run ends. The
+    folders `served-<host>-<pid>` beside it of this host whose process is gone (a kill -9 runs
+    no `finally`) go first; another node's, on a shared outputs/, are its own business."""
     folder = Path(folder).resolve()
+    sweep_dead(folder.parent, f"served-{socket.gethostname()}-")
     old = os.environ.get(SERVED_ENV)
     os.environ[SERVED_ENV] = str(folder)
     try:
@@ -77,3 +95,13 @@ def served_bases(folder: str | Path) -> Iterator[Path]:
             os.environ.pop(SERVED_ENV, None)
         else:
             os.environ[SERVED_ENV] = old
+
+
+def node_bases() -> contextlib.AbstractContextManager:
+    """For a launch of ranks on this node: the run's folder of served bases when one is set,
+    else `served_bases` on outputs/served-<host>-<pid> (host: nodes may share outputs/)."""
+    if served_root() is not None:
+        return contextlib.nullcontext(served_root())
+    from rcgrpo.runtime import project_root
+
+    return served_bases(project_root() / "outputs" / f"served-{socket.gethostname()}-{os.getpid()}")

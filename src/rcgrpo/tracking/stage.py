@@ -16,11 +16,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from rcgrpo.procs import GRACE_S, child_env, guarded
 from rcgrpo.run_config import RunConfig, stage_section
 from rcgrpo.runtime import project_root
 from rcgrpo.tracking import runs as tracking
@@ -150,11 +152,17 @@ def launch(
     rank fails the stage in one line (the ranks' output is above it).
 
     On rc.plan.nodes > 1 this is node `node_rank`'s torchrun agent: the agents of every node meet
-    at rc.plan.rendezvous (HOST:PORT: torchrun's static rendezvous, served by node 0's agent).
-    Static, not c10d: node K's ranks are K x procs + local rank, so global rank 0, the one that
-    logs to `run_id` and saves, is always on node 0 (c10d numbers the nodes by host name). The
-    out_dir must be a folder every node reads."""
+    at rc.plan.rendezvous (HOST:PORT, served by node 0's agent; on one node 127.0.0.1 only). The
+    out_dir must be a folder every node reads: node 0 writes the run's secret there, which every
+    rank proves before training (rcgrpo.training.rendezvous, rcgrpo.training.launch). The agent
+    runs under the guard of rcgrpo.procs: whatever stops this command (a signal, its death)
+    stops the agent, its ranks and the rendezvous within seconds."""
+    from rcgrpo.training.launch import torchrun_args
+    from rcgrpo.training.rendezvous import SECRET_ENV, SECRET_FILE, write_secret
+
     cfg, procs = stage_section(rc, stage), rc.plan.procs
+    if node_rank == 0:  # before the agent: every rank reads it after the rendezvous
+        write_secret(cfg.out_dir)
     spec = rc.write(Path(cfg.out_dir) / CONFIG_FILE)
     if run_id:
         tracking.set_tags(run_id, {"train.procs": str(procs)})
@@ -163,38 +171,48 @@ def launch(
 
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
-    torchrun = [sys.executable, "-m", "torch.distributed.run", *_rendezvous(rc, node_rank)]
-    cmd = [*torchrun, "--nproc_per_node", str(procs), "-m", "rcgrpo.cli", "train", stage]
-    cmd += ["--config", str(spec), *(["--mlflow-run", run_id] if run_id else [])]
+    agent = [sys.executable, "-m", "rcgrpo.training.launch"]
+    agent += torchrun_args(rc.plan.nodes, node_rank, rc.plan.rendezvous, procs)
+    cmd = [*agent, "-m", "rcgrpo.cli", "train", stage, "--config", str(spec)]
+    cmd += ["--mlflow-run", run_id] if run_id else []
     cmd += ["--resume-from", resume] if isinstance(resume, str) else ["--resume"] * bool(resume)
     # torchrun leaves a torchelastic_* folder in TMPDIR per launch: this node's own, removed
     tmp = Path(cfg.out_dir) / f".torchrun-{socket.gethostname()}-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
-    try:
-        done = subprocess.run(cmd, cwd=project_root(), env={**os.environ, "TMPDIR": str(tmp)})
+    from rcgrpo.models.serving import node_bases
+
+    try:  # the node's ranks serve one base export between them (models.serving)
+        with node_bases():
+            env = {
+                **os.environ,
+                "TMPDIR": str(tmp),
+                SECRET_ENV: str(Path(cfg.out_dir) / SECRET_FILE),
+            }
+            if rc.plan.nodes == 1:
+                env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the ranks' gloo pairs on loopback too
+            done = _run_guarded(guarded(cmd), env)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     final = Path(cfg.out_dir) / "final"
-    if done.returncode != 0 or not final.is_dir():
+    if done != 0 or not final.is_dir():
         raise RuntimeError(
-            f"{stage} on {procs} ranks (torchrun) failed with exit code {done.returncode}: "
+            f"{stage} on {procs} ranks (torchrun) failed with exit code {done}: "
             "see the ranks' output above"
         )
     return final
 
 
-def _rendezvous(rc: RunConfig, node_rank: int) -> list[str]:
-    """torchrun's rendezvous arguments: standalone on one node, else this node's static one."""
-    if rc.plan.nodes == 1:
-        return ["--standalone"]
-    host, _, port = rc.plan.rendezvous.rpartition(":")
-    return [
-        "--nnodes",
-        str(rc.plan.nodes),
-        "--node-rank",
-        str(node_rank),
-        "--master-addr",
-        host,
-        "--master-port",
-        port,
-    ]
+def _run_guarded(argv: list[str], env: dict) -> int:
+    """Run the guarded agent; its exit code. Whatever ends the wait (Ctrl-C, a handler's
+    SystemExit) first stops the guard, which stops the agent's group: nothing is left."""
+    proc = subprocess.Popen(argv, cwd=project_root(), env=child_env(env), start_new_session=True)
+    try:
+        return proc.wait()
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)  # the guard: SIGTERM to the agent, SIGKILL after grace
+        try:
+            proc.wait(timeout=GRACE_S + 10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        raise
