@@ -3,7 +3,7 @@ cost (rcgrpo.training.balance) under the contiguous split and the cost-balanced 
 `rl.shared_prefix` on (the default): shared micro-batches dealt by padded-row costs with the
 cheapest micro-batch as the zero-weight filler (as before) and by what they compute
 (balance.shared_cost) with the mini-batch's shortest row alone as the filler (as
-rcgrpo.training.grpo.update.deal does), each rank's load counted as computed.
+rcgrpo.training.grpo.dealing.deal does), each rank's load counted as computed.
 
     PYTHONPATH=src .venv/bin/python bench/rank_balance.py --ranks 8
 """

@@ -51,7 +51,7 @@ def test_shared_cost_counts_each_prefix_once_by_hand():
 
 
 def test_update_deals_shared_micro_batches_by_what_they_compute():
-    """Through update.deal (the RL update's pi_old / reference and PPO dealing) on 2 ranks:
+    """Through dealing.deal (the RL update's pi_old / reference and PPO dealing) on 2 ranks:
     a = a group of 4 rows of 100 sharing 90 tokens (computes 130; as padded rows, 400),
     b = 2 rows of 100 sharing nothing (200), c = a row of 80. Shared, b is the costliest and
     goes alone; the rank with fewer micro-batches pads with the shortest row at weight 0."""
@@ -61,7 +61,7 @@ def test_update_deals_shared_micro_batches_by_what_they_compute():
 
     from rcgrpo.training import shared_forward
     from rcgrpo.training.distributed import Ranks
-    from rcgrpo.training.grpo import update
+    from rcgrpo.training.grpo import dealing, update
 
     g = torch.Generator().manual_seed(0)
     prefix = list(range(1, 91))
@@ -78,7 +78,7 @@ def test_update_deals_shared_micro_batches_by_what_they_compute():
             r = Ranks.__new__(Ranks)  # the share arithmetic only: no process group needed
             r.rank, r.world = rank, 2
             dealt[attention, rank] = [
-                (m.tolist(), w) for m, w in update.deal(r, model, batch, [a, b, c])
+                (m.tolist(), w) for m, w in dealing.deal(r, model, batch, [a, b, c])
             ]
     assert dealt[shared_forward.NAME, 0] == [([4, 5], 1.0), ([6], 0.0)]
     assert dealt[shared_forward.NAME, 1] == [([0, 1, 2, 3], 1.0), ([6], 1.0)]

@@ -39,7 +39,7 @@ import torch
 from rcgrpo.rollout.bfcl_environment import BFCL
 from rcgrpo.training import balance, checkpoint, distributed, shared_forward, shared_prefix
 from rcgrpo.training.forward import packs
-from rcgrpo.training.grpo import engine_is, group_filter, rollouts, update
+from rcgrpo.training.grpo import dealing, engine_is, group_filter, rollouts, update
 from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.metrics import step_metrics
 from rcgrpo.training.grpo.sync_probe import SyncProbe
@@ -182,10 +182,10 @@ class Trainer:
         packed = packs(self.model)  # flash-attention: micro-batches are padding-free rows
         passes = update.schedule(cfg, out.rollouts, step, packed, self.shared, self.attn_coef)
         use_ref = (self.ref_model is not None or self.ref_adapter is not None) and cfg.kl_coef > 0
-        # pi_old and the reference sharded like the update (update.first_pass_share), then
+        # pi_old and the reference sharded like the update (dealing.first_pass_share), then
         # summed over the ranks (later passes reshuffle the micro-batches between ranks)
-        mine = update.first_pass_share(self.ranks, self.model, batch, passes)
-        anchors = update.anchor_share(cfg, self.ranks, self.model, batch, passes)  # pi_old
+        mine = dealing.first_pass_share(self.ranks, self.model, batch, passes)
+        anchors = dealing.anchor_share(cfg, self.ranks, self.model, batch, passes)  # pi_old
         ref_fn = self._ref_logprobs if use_ref else None
         self._phase("update", step)
         old, ref, gap = update.behaviour_logprobs(

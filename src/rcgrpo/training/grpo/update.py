@@ -9,8 +9,8 @@ bypass mode), or, with `rl.engine_is` on, the trainer's own log-probs before any
 the engine's being the behaviour policy of the importance weight (verl's decoupled mode): the
 first mini-batch's come from its own first forward (no step has run yet), those of every later
 mini-batch of the first pass from a no-grad forward before the first step, since by its turn
-1..M-1 steps have moved the weights (`anchor_share`). The engine gap (rollout/logprob_gap) is
-measured on log-probs of the sampled weights only (`engine_gap`).
+1..M-1 steps have moved the weights (rcgrpo.training.grpo.dealing.anchor_share). The engine
+gap (rollout/logprob_gap) is measured on log-probs of the sampled weights only (`engine_gap`).
 A micro-batch is an index tensor into the step's padded batch (B, T); its forward computes
 only its own width, the longest of its members (`width`), not the batch's T: with
 token-budget micro-batches (core_algos.minibatch_indices, rcgrpo.training.batching) a
@@ -32,11 +32,12 @@ from dataclasses import dataclass
 
 import torch
 
-from rcgrpo.training import balance, shared_forward
+from rcgrpo.training import shared_forward
 from rcgrpo.training.forward import masked_hidden, scatter, with_training_attention
 from rcgrpo.training.grpo import engine_is
 from rcgrpo.training.grpo.config import RLConfig, step_seed
 from rcgrpo.training.grpo.core_algos import minibatch_indices, policy_loss
+from rcgrpo.training.grpo.dealing import deal
 from rcgrpo.training.grpo.head import head_logprobs
 
 
@@ -96,39 +97,6 @@ def logprobs(model, ids, attn, mask, temperature: float = 1.0):
     return scatter(logp, where), sampled, where
 
 
-def deal(ranks, model, batch: Batch, mini: list) -> list[tuple[torch.Tensor, float]]:
-    """This rank's share of a mini-batch's micro-batches (index tensors), with weights
-    (Ranks.share): dealt by what each computes (balance.micro_costs, shared prefixes once
-    where the model shares them), padded with the mini-batch's shortest row alone at weight 0."""
-    if ranks.world == 1:
-        return ranks.share(mini)
-    shared = getattr(model, "training_attention", None) == shared_forward.NAME
-    costs = balance.micro_costs(batch.ids, batch.attn, mini, balance.model_coef(model), shared)
-    rows = torch.cat(mini)
-    shortest = rows[batch.attn[rows].sum(1).argmin()].view(1)  # (1,) the filler
-    return ranks.share(mini, costs, shortest)
-
-
-def first_pass_share(ranks, model, batch: Batch, passes, start: int = 0) -> list[torch.Tensor]:
-    """This rank's micro-batches (index tensors) of the first pass's mini-batches start..M-1,
-    dealt as the update deals them (`deal`), the zero-weight padding left out: pi_old and the
-    reference run the same forwards as the first update (ratio exactly 1)."""
-    shares = (deal(ranks, model, batch, mini) for mini in passes[0][start:])
-    return [c for share in shares for c, w in share if w]
-
-
-def anchor_share(cfg: RLConfig, ranks, model, batch: Batch, passes) -> list[torch.Tensor]:
-    """The micro-batches (this rank's) whose pi_old a no-grad forward computes before the first
-    optimizer step: all of the first pass with `recompute`; with `engine` and rl.engine_is on,
-    those of the mini-batches after the first (the first's come from its own forward); none in
-    verl's bypass mode (`engine`, rl.engine_is none: pi_old is the engine's)."""
-    if cfg.behaviour_logprobs == "recompute":
-        return first_pass_share(ranks, model, batch, passes)
-    if cfg.engine_is == "none":
-        return []
-    return first_pass_share(ranks, model, batch, passes, start=1)
-
-
 def engine_gap(cfg: RLConfig, batch: Batch, old, first, gap, passes):
     """The mean |engine - trainer| log-prob gap per sampled token and the step's
     rollout/engine_is_* metrics (engine_is.metrics, {} without rl.engine_is). With `recompute`
@@ -164,7 +132,7 @@ def behaviour_logprobs(
     |engine - trainer| log-prob gap over the anchors' sampled tokens, in eval mode.
     logprob_fn(model, ids, attn, mask) -> `logprobs` at the sampling temperature;
     ref_fn(ids, attn, mask) -> the reference's log-probs of one micro-batch (None: no KL).
-    anchors: which micro-batches need a pi_old forward (`anchor_share`)."""
+    anchors: which micro-batches need a pi_old forward (dealing.anchor_share)."""
     ids, attn, mask = batch.ids, batch.attn, batch.mask
     old = torch.zeros_like(mask)  # (B, T-1)
     ref = torch.zeros_like(mask) if ref_fn is not None else None
@@ -207,8 +175,8 @@ def ppo_updates(
     means over the mini-batch, summed over ranks) with its grad_norm.
     old: the recomputed pi_old (B, T-1), or None (`rl.behaviour_logprobs: engine`, module
     docstring); then `first` (B, T-1) holds this rank's pre-step log-probs of the first pass's
-    later mini-batches (`anchor_share`; zeros without rl.engine_is), the first mini-batch's are
-    written from its own forward, and the whole is summed over the ranks. The `rl.engine_is`
+    later mini-batches (dealing.anchor_share; zeros without rl.engine_is), the first
+    mini-batch's are written from its own forward, and the whole is summed over the ranks. The `rl.engine_is`
     weight compares pi_old with the engine's.
     logprob_fn(model, ids, attn, mask) -> `logprobs` at the sampling temperature (run inside
     the DDP wrapper)."""
