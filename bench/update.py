@@ -16,10 +16,16 @@ token-budget micro-batches (`--max-tokens`; unshared: sorted by length, padded; 
 groups, the budget counting the tokens the shared forward computes). Both sides run in this
 process on a fresh copy of the same model; each prints seconds, computed tokens (through the
 decoder, every forward) and peak memory (VmHWM - VmRSS before it, after a peak reset), and the
-loss, which must agree (1e-4). Last line: `shared/unshared update time: X` (target <= 0.65).
+loss, which must agree (1e-4). Last lines: `shared/unshared peak memory: Y` (target <= 1.0)
+and `shared/unshared update time: X` (target <= 0.65).
+
+With `--against REF`: instead, the update of this checkout against the same update at commit
+REF, built in a temporary git worktree and run in the same bench (bench/update_against.py):
+`update time HEAD/REF: X`, so a slowdown between commits is caught (docs/benchmarks.md).
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/update.py                # ~5-15 min on 2 cores
     .venv/bin/python bench/update.py --tasks 1 --threads 2 --layers 2  # a quicker look
+    .venv/bin/python bench/update.py --against 007baed                # ~15 min on 2 cores
 """
 
 from __future__ import annotations
@@ -104,6 +110,7 @@ def bench_model(vocab: int, hidden: int, layers: int, seed: int):
 
 def one_update(rollouts, model, shared: bool, max_tokens: int, group: int) -> dict:
     from rcgrpo.envs.bfcl.environment import BFCL
+    from rcgrpo.training.balance import model_coef
     from rcgrpo.training.grpo import update
     from rcgrpo.training.grpo.config import RLConfig
     from rcgrpo.training.grpo.core_algos import minibatch_indices
@@ -122,7 +129,8 @@ def one_update(rollouts, model, shared: bool, max_tokens: int, group: int) -> di
     lengths = [len(r.ids) for r in rollouts]
     sampled = [int(r.loss_mask.sum()) for r in rollouts]
     rows = [r.ids for r in rollouts] if shared else None  # shared: the budget counts computed
-    passes = minibatch_indices(n, 0, n, 1, None, lengths, max_tokens, False, sampled, 0, rows)
+    coef = model_coef(model)  # the shared clusters weigh attention as the trainer's do
+    passes = minibatch_indices(n, 0, n, 1, None, lengths, max_tokens, False, sampled, 0, rows, coef)
     adv = torch.randn(n, generator=torch.Generator().manual_seed(1))
     Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
     base = status_kb("VmRSS")
@@ -148,7 +156,7 @@ def one_update(rollouts, model, shared: bool, max_tokens: int, group: int) -> di
         trainer._logprobs,
     )
     seconds = time.perf_counter() - t0
-    tokens = forward_metrics(batch.ids, lengths, passes, False, shared)
+    tokens = forward_metrics(batch.ids, lengths, passes, False, shared, coef)
     # forwards: pi_old, the reference, the PPO pass (its backward not counted)
     return {
         "s": seconds,
@@ -166,9 +174,19 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512, help="model width (heads of 64)")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers")
     ap.add_argument("--max-tokens", type=int, default=40960, help="micro-batch token budget")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: 2; --against: 1)")
     ap.add_argument("--seed", type=int, default=0, help="goals, redrawn tokens, weights")
+    # against an earlier commit (bench/update_against.py): the cpu preset's update, HEAD vs REF
+    ap.add_argument("--against", metavar="REF", help="time HEAD's update against commit REF's")
+    ap.add_argument("--repeats", type=int, default=3, help="--against: HEAD/REF pairs")
+    ap.add_argument("--steps", type=int, default=2, help="--against: updates per process")
     args = ap.parse_args()
+    args.threads = args.threads or (1 if args.against else 2)
+    if args.against:
+        from update_against import against  # bench/update_against.py
+
+        against(args.against, args.repeats, args.steps, args.threads, [])
+        return
     torch.set_num_threads(args.threads)
     rollouts, policy = episodes(args.tasks, args.group, args.seed)
     vocab = policy.model.config.vocab_size

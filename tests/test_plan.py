@@ -80,6 +80,13 @@ def test_plan_constants_equal_a_fresh_measurement_of_one_layer():
         fresh = per_token(profile)
         for key in ("saved", "peak"):
             assert fresh[key] == pytest.approx(layers[profile][key], rel=0.10), (profile, key)
+    # the shared-prefix forward's packed row (rl.shared_prefix): measured again within 10 %, and
+    # per computed token no more than the causal layer keeps (no mask, one output buffer)
+    fresh = per_token("qwen-shape", shared=True)
+    for key in ("saved", "peak"):
+        assert fresh[key] == pytest.approx(layers["qwen-shape"][f"shared_{key}"], rel=0.10)
+        for profile in ("qwen-shape", "qwen2.5-7b-instruct"):
+            assert layers[profile][f"shared_{key}"] <= 1.01 * layers[profile][key], profile
     # bf16 compute keeps no float32 copy of the LoRA inputs: 211 against peft's 321 kB
     assert (
         layers["qwen2.5-7b-instruct"]["saved"]

@@ -345,3 +345,58 @@ def test_a_checkpoint_copies_the_trainable_weights_to_the_host():
         state = trainable_state(model)
         assert list(state) == ["weight"]
         assert state["weight"].device.type == "cpu" and model.weight.device.type == "cuda"
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_an_update_step_runs_the_lm_head_once_per_forward(tmp_path, monkeypatch, chunk):
+    """The LM head's rows in one RL step (bench/peer_trl.py prints them as "LM-head rows in the
+    update"): pi_old and the reference (no grad) each over the N sampled positions, the PPO
+    pass over them once more, and the backward recomputes only the chunks before a
+    micro-batch's last; the entropy is taken in the PPO pass only. With one chunk per
+    micro-batch nothing is recomputed: 3N rows, not 4N."""
+    from test_trainer import make
+
+    from rcgrpo.training.grpo import head
+
+    if chunk:
+        monkeypatch.setattr(head, "CHUNK", chunk)
+    trainer = make(tmp_path, kl_coef=0.1)  # a reference: a frozen copy (full fine-tune)
+    rows = {True: 0, False: 0}
+    entropies = []
+    hooks = [
+        m.get_output_embeddings().register_forward_hook(
+            lambda mod, args, out: rows.__setitem__(
+                torch.is_grad_enabled(), rows[torch.is_grad_enabled()] + args[0].shape[0]
+            )
+        )
+        for m in (trainer.model, trainer.ref_model)
+    ]
+    real = head.head_logprobs
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        entropies.append((torch.is_grad_enabled(), out[1].entropy.numel()))
+        return out
+
+    from rcgrpo.training.grpo import rollouts
+
+    roll_out = rollouts.roll_out
+
+    def update_only(*args, **kwargs):  # the engine's generation runs the head too: not counted
+        out = roll_out(*args, **kwargs)
+        rows.update({True: 0, False: 0})
+        return out
+
+    monkeypatch.setattr(rollouts, "roll_out", update_only)
+    monkeypatch.setattr("rcgrpo.training.grpo.update.head_logprobs", spy)
+    trainer.train_step(1)
+    for h in hooks:
+        h.remove()
+    sampled = rows[False] // 2  # N: pi_old + reference
+    assert sampled > 0
+    if chunk is None:
+        assert rows[True] == sampled  # the PPO forward, no recompute
+    else:  # chunks of 4: only those before each micro-batch's last are recomputed
+        assert sampled < rows[True] < 2 * sampled
+    assert all(n == 0 for grad, n in entropies if not grad)  # pi_old and the reference: none
+    assert sum(n for grad, n in entropies if grad) == sampled  # the PPO pass: every position

@@ -1,6 +1,8 @@
-"""The shared-prefix update: prefixes found from the ids (hand-computed), and log-probs, loss and
-gradients equal to the unshared path for GRPO and RC-GRPO groups, LoRA and full fine-tuning,
-with and without gradient checkpointing, and through a whole trainer step.
+"""The shared-prefix update: prefixes found from the ids and clusters weighed with attention
+(hand-computed), the suffix kernels against a masked SDPA (values, gradients, and no mask kept
+for the backward), and log-probs, loss and gradients equal to the unshared path for GRPO and
+RC-GRPO groups, LoRA and full fine-tuning, with and without gradient checkpointing, on each
+suffix kernel, and through a whole trainer step.
 
     .venv/bin/pytest tests/test_shared_prefix.py -q
 """
@@ -13,11 +15,17 @@ from test_trainer import make
 
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
-from rcgrpo.training import shared_forward
+from rcgrpo.training import shared_forward, suffix_attention
 from rcgrpo.training.forward import training_attention
 from rcgrpo.training.grpo import update
 from rcgrpo.training.grpo.core_algos import policy_loss
-from rcgrpo.training.shared_prefix import common_prefix, computed_tokens, pack, share_groups
+from rcgrpo.training.shared_prefix import (
+    cluster_cost,
+    common_prefix,
+    computed_tokens,
+    pack,
+    share_groups,
+)
 from rcgrpo.training.shared_prefix import micro_batches as shared_micro_batches
 
 
@@ -40,6 +48,106 @@ def test_share_groups_computes_the_fewest_tokens():
     assert computed_tokens(rows) == 12
     # but one shared token over 3 rows is still worth sharing: 1 + 3 x 1
     assert share_groups([[5, 1], [5, 2], [5, 3]]) == [([0, 1, 2], 1)]
+
+
+def test_attention_in_the_clusters_prefers_the_longer_prefix_by_hand():
+    r0, r1 = [1] * 10 + [2, 2], [1] * 10 + [3, 3]  # 12 tokens each, sharing 10
+    r2 = [1] * 6 + [4] * 6  # shares 6 with both
+    # tokens only: all three (6 + 3 x 6 = 24) beat {r0, r1} + {r2} (10 + 2 + 2 + 12 = 26)
+    assert share_groups([r0, r1, r2]) == [([0, 1, 2], 6)]
+    # attention at 1 token per square: a cluster saves (k - 1)(P + P^2): 2 x 42 = 84 for all
+    # three, 110 for {r0, r1}: 3 x (12 + 144) - 110 = 358 < 468 - 84 = 384
+    assert share_groups([r0, r1, r2], attn=1.0) == [([0, 1], 10), ([2], 12)]
+    assert cluster_cost([12, 12], 10, 1.0) == 14 + (100 + 2 * 44)  # tokens + squares
+    assert cluster_cost([12], 12, 1.0) == 12 + 144  # a row alone
+
+
+BLOCKS = [(0, 7, [(7, 5), (12, 3), (15, 6)]), (21, 4, []), (25, 3, [(28, 2)])]  # L = 30
+
+
+def row_inputs(g, h=4, h_kv=2, d=8, length=30):
+    """q (1, h, L, d), k and v (1, h_kv, L, d) of a packed row, as transformers passes them."""
+    q = torch.randn(1, length, h, d, generator=g).transpose(1, 2).requires_grad_()
+    k, v = (torch.randn(1, h_kv, length, d, generator=g).requires_grad_() for _ in "kv")
+    return q, k, v
+
+
+def masked_row(q, k, v, blocks):
+    """The packed row's attention with explicit masks: a prefix causal, each suffix over
+    [prefix; itself] with a bottom-right causal mask -> (1, L, h, d)."""
+    parts = []
+    for start, p, suffixes in blocks:
+        pre = slice(start, start + p)
+        kp, vp = k[:, :, pre], v[:, :, pre]
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        parts.append(sdpa(q[:, :, pre], kp, vp, is_causal=True, enable_gqa=True))
+        for s, n in suffixes:
+            mask = torch.arange(p + n)[None] <= p + torch.arange(n)[:, None]  # (n, P+n)
+            keys, values = (
+                torch.cat([kp, k[:, :, s : s + n]], 2),
+                torch.cat([vp, v[:, :, s : s + n]], 2),
+            )
+            parts.append(sdpa(q[:, :, s : s + n], keys, values, attn_mask=mask, enable_gqa=True))
+    return torch.cat(parts, 2).transpose(1, 2)
+
+
+@pytest.mark.parametrize("kernel", ["merge", "lower_right"])
+def test_suffix_kernels_equal_a_masked_attention_in_value_and_gradient(monkeypatch, kernel):
+    assert suffix_attention.kernel("cpu") == "merge"  # what the CPU runs
+    monkeypatch.setattr(suffix_attention, "kernel", lambda device: kernel)
+    inputs = row_inputs(torch.Generator().manual_seed(0))
+    grad = torch.randn(1, 30, 4, 8, generator=torch.Generator().manual_seed(1))
+    results = []
+    for fn in (masked_row, lambda *a: suffix_attention.packed(*a, None)):
+        for t in inputs:
+            t.grad = None
+        out = fn(*inputs, BLOCKS)
+        out.backward(grad)
+        results.append([out.detach()] + [t.grad.clone() for t in inputs])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_merge_kernel_keeps_what_causal_attention_keeps():
+    """The bytes autograd keeps for a packed row: the merge kernel keeps q, k, v, one output
+    buffer (the one o_proj reads) and the log-sum-exp, like causal SDPA on a row, and no
+    (n, P+n) mask; the masked calls keep a float32 mask per suffix, as big as the rest."""
+    q, k, v = row_inputs(torch.Generator().manual_seed(0), length=330)
+    blocks = [(0, 200, [(200, 40), (240, 50), (290, 40)])]
+    kept = {}
+    for name, fn in (
+        ("masked", masked_row),
+        ("merge", lambda *a: suffix_attention.packed(*a, None)),
+    ):
+        saved = {}
+
+        def pack_hook(t, saved=saved):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t):
+            fn(q, k, v, blocks)
+        kept[name] = sum(saved.values())
+    qkv = sum(t.numel() * 4 for t in (q, k, v))
+    assert kept["merge"] == qkv + q.numel() * 4 + q[..., 0].numel() * 4  # + output, lse
+    assert kept["masked"] > 1.5 * kept["merge"]
+
+
+def test_the_shared_path_replaces_flash_attention_too_and_gives_it_back():
+    """With flash-attn installed (CUDA) the update's training attention is flash_attention_2:
+    sharing takes over (its kernels are PyTorch's own) and `enable(False)` restores it; eager
+    attention is not shared."""
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(
+        training_attention="flash_attention_2", config=SimpleNamespace(_attn_implementation="sdpa")
+    )
+    assert shared_forward.enable(model, True)
+    assert model.training_attention == shared_forward.NAME
+    assert not shared_forward.enable(model, False)
+    assert model.training_attention == "flash_attention_2"
+    eager = SimpleNamespace(training_attention="eager", config=SimpleNamespace())
+    assert not shared_forward.enable(eager, True) and eager.training_attention == "eager"
 
 
 def test_pack_lays_out_prefix_then_suffixes_by_hand():

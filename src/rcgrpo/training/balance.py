@@ -5,6 +5,11 @@ Cost of a micro-batch (`cost`): computed tokens (the linear term: 2 x non-embedd
 FLOPs per token) + `attn` x the sum of its rows' squared lengths (causal attention's
 2 x layers x q_dim x T^2), in token units, so `attn = layers x q_dim / non-embedding params`
 (`attention_coef`): the same FLOP model as `rcgrpo plan` (rcgrpo.training.plan.timing).
+A micro-batch of the shared-prefix forward (`rl.shared_prefix`) is priced by what it computes:
+each cluster's prefix once and its suffixes against it (`shared_cost`, the
+rcgrpo.training.shared_prefix.cluster_cost of its clusters), not as padded rows: a micro-batch
+of five groups of five 7.6k-token rollouts sharing 5.8k tokens computes ~74k tokens where 25
+padded rows would count 190k. `micro_costs` prices a step's micro-batches either way.
 `partition` is greedy longest-processing-time: costliest first, each to the least-loaded rank
 with the fewest micro-batches; its makespan is within 4/3 of the optimum. A rank with fewer
 micro-batches than the most-loaded count pads with the cheapest one at weight 0 (see
@@ -59,6 +64,30 @@ def padded_rows(attn, idx) -> list[int]:
     longest member's token count."""
     sub = attn[idx]
     return [int(sub.sum(1).max())] * int(sub.shape[0]) if sub.numel() else []
+
+
+def shared_cost(clusters, lengths: Sequence[int], attn: float) -> float:
+    """Cost of one shared-prefix micro-batch: its clusters [(rows, prefix length)] (indices into
+    `lengths`), each cluster_cost'ed."""
+    from rcgrpo.training.shared_prefix import cluster_cost
+
+    return sum(cluster_cost([lengths[r] for r in rows], p, attn) for rows, p in clusters)
+
+
+def micro_costs(ids, attn_mask, micro_batches, attn: float, shared: bool) -> list[float]:
+    """Each micro-batch's cost (index tensors into the step's batch, ids and attn_mask (B, T)
+    right-padded): shared, its own clusters (shared_prefix.share_groups at `attn`); else
+    `padded_rows`."""
+    if not shared:
+        return [cost(padded_rows(attn_mask, c), attn) for c in micro_batches]
+    from rcgrpo.training.shared_prefix import share_groups
+
+    out = []
+    for c in micro_batches:
+        lengths = attn_mask[c].sum(1).tolist()
+        rows = [ids[i, :n].tolist() for i, n in zip(c.tolist(), lengths, strict=True)]
+        out.append(shared_cost(share_groups(rows, attn), lengths, attn))
+    return out
 
 
 def group_cost(lengths: Sequence[int], group: Sequence[int], packed: bool, attn: float) -> float:

@@ -176,7 +176,6 @@ class Ranks:
         self.model, self.optimizer = self.accelerator.prepare(_Call(model), optimizer)
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
-        self.attn_coef = balance.model_coef(model)  # what share's costs weigh T^2 at
         self.waiting = _not_watched  # a heartbeat's `waiting` (rcgrpo.training.heartbeat)
 
     def forward(self, fn, *args):
@@ -184,23 +183,23 @@ class Ranks:
         compute log-probs through the decoder and head (rcgrpo.training.forward), not model.forward."""
         return self.model(fn, *args)
 
-    def share(self, micro_batches: list, rows: list | None = None) -> list[tuple[object, float]]:
+    def share(
+        self, micro_batches: list, costs: list | None = None, filler=None
+    ) -> list[tuple[object, float]]:
         """This rank's (micro-batch, weight 1.0) of the global list, dealt by estimated cost
-        (rcgrpo.training.balance: `rows`, each micro-batch's computed row lengths, at this
-        model's attention coefficient; without them all cost the same), padded with (the
-        cheapest micro-batch, 0.0) to the fullest rank's count: equal numbers of backwards."""
+        (`costs`, one per micro-batch: rcgrpo.training.balance.micro_costs; without them all
+        cost the same), padded with (`filler`, 0.0) to the fullest rank's count: equal numbers
+        of backwards. filler: any micro-batch, the cheaper the better (default: the cheapest of
+        the list; the RL update passes its shortest row alone)."""
         if not micro_batches:
             return []
-        costs = (
-            [1.0] * len(micro_batches)
-            if rows is None
-            else [balance.cost(r, self.attn_coef) for r in rows]
-        )
+        costs = [1.0] * len(micro_batches) if costs is None else costs
         parts = balance.partition(costs, self.world)
         n = max(len(p) for p in parts)
-        cheapest = micro_batches[min(range(len(costs)), key=costs.__getitem__)]
+        if filler is None:
+            filler = micro_batches[min(range(len(costs)), key=costs.__getitem__)]
         mine = [(micro_batches[i], 1.0) for i in parts[self.rank]]
-        return mine + [(cheapest, 0.0)] * (n - len(mine))
+        return mine + [(filler, 0.0)] * (n - len(mine))
 
     def syncing(self, i: int, n: int):
         """Context for forward + backward i of n: gradients all-reduce on the last one only."""
@@ -255,7 +254,9 @@ class Single:
     def forward(self, fn, *args):
         return fn(self.inner, *args)
 
-    def share(self, micro_batches: list, rows: list | None = None) -> list[tuple[object, float]]:
+    def share(
+        self, micro_batches: list, costs: list | None = None, filler=None
+    ) -> list[tuple[object, float]]:
         return [(m, 1.0) for m in micro_batches]
 
     def syncing(self, i: int, n: int):

@@ -147,6 +147,7 @@ def train_sft(
     # under `accelerate launch` each rank takes its share of the micro-batches; else all of them
     ranks = distributed.for_training(model, optimizer, params)
     packed = packs(model)  # flash-attention: a micro-batch is one padding-free row
+    coef = balance.model_coef(model)  # attention's weight in the ranks' micro-batch costs
     dev = next(model.parameters()).device  # the rank's GPU under a launcher
     model.train()
     history = []
@@ -163,7 +164,7 @@ def train_sft(
             groups = batching.fixed_micro_batches(len(batch), cfg.micro_batch_size)
         micro = [[batch[i] for i in g] for g in groups]
         # the global normalisation (n_tokens of the whole batch) on every rank, summed over them
-        mine = ranks.share(micro, [balance.rows(lengths, g, packed) for g in groups])
+        mine = ranks.share(micro, [balance.group_cost(lengths, g, packed, coef) for g in groups])
         for k, (mb, weight) in enumerate(mine):
             ids, mask, attn = (t.to(dev) for t in pad(mb, pad_id))
             with ranks.syncing(k, len(mine)):  # forward and backward: DDP arms in forward

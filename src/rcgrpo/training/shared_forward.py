@@ -5,9 +5,10 @@ How: the micro-batch becomes one packed row (rcgrpo.training.shared_prefix.pack:
 rows, the prefix once, then each row's suffix, with position ids restarting per sequence so RoPE
 sees the unshared positions). The linear layers (projections, MLP, norms) run once per packed
 token. The attention is a registered transformers attention function (`NAME`) that reads the
-blocks from a keyword argument and runs, per layer and block, SDPA on the prefix's causal
-self-attention, then SDPA for each suffix over [prefix keys; suffix keys] with a bottom-right
-causal mask. Why this and not the KV cache (prefix with use_cache, then the suffixes with its
+blocks from a keyword argument and runs, per layer and block, the prefix's causal
+self-attention, then its suffixes over [prefix keys; own keys] with a bottom-right causal mask
+that is never built: rcgrpo.training.suffix_attention, at causal FLOPs. Why this and not the KV
+cache (prefix with use_cache, then the suffixes with its
 cache expanded): a cache is state the layers write into, and a checkpointed layer's recompute
 writes it again (transformers turns the cache off under gradient checkpointing); the attention
 function is a pure function of the layer's q, k, v, so gradient checkpointing recomputes it as
@@ -17,9 +18,9 @@ LoRA, which wraps only the linear layers, is untouched.
 The attention is switched in by `enable` as the model's training attention
 (rcgrpo.training.forward.training_attention holds it over forwards AND backwards, so a
 checkpointed layer recomputes with it). Called without blocks it is transformers' causal SDPA
-without a mask (what the padded path runs on right-padded rows). Where the model trains with
-flash-attention (CUDA, packed varlen rows) or eager attention, `enable` leaves it as it is: the
-shared path is the SDPA one (docs/shared-prefix.md).
+without a mask (what the padded path runs on right-padded rows). It replaces SDPA and
+flash-attention (packed varlen rows, CUDA) as the update's attention: its kernels are PyTorch's
+own, flash on CUDA through SDPA; eager attention is left as it is (docs/shared-prefix.md).
 
     .venv/bin/pytest tests/test_shared_prefix.py -q
 """
@@ -30,6 +31,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from rcgrpo.training import suffix_attention
+from rcgrpo.training.balance import model_coef
 from rcgrpo.training.forward import _identity, _impl, _pick, right_padded
 from rcgrpo.training.shared_prefix import pack, share_groups
 
@@ -38,26 +41,14 @@ NAME = "rcgrpo_shared_prefix"  # the attention implementation's registered name
 
 def shared_prefix_attention(module, query, key, value, attention_mask, **kwargs):
     """query (1, h, L, d), key/value (1, h_kv, L, d) of the packed row -> ((1, L, h, d), None).
-    kwargs["prefix_blocks"]: [(prefix start, P, [(suffix start, n)])] in packed order; without
-    it, transformers' SDPA."""
+    kwargs["prefix_blocks"]: [(prefix start, P, [(suffix start, n)])] in packed order, each
+    block's suffixes consecutive right after its prefix; without it, transformers' SDPA."""
     blocks = kwargs.pop("prefix_blocks", None)
     if blocks is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    parts = []
-    for start, p, suffixes in blocks:
-        pre = slice(start, start + p)
-        k, v = key[:, :, pre], value[:, :, pre]  # (1, h_kv, P, d): read by every suffix
-        parts.append(sdpa_attention_forward(module, query[:, :, pre], k, v, None, **kwargs)[0])
-        for s, n in suffixes:
-            suf = slice(s, s + n)
-            keys = torch.cat([k, key[:, :, suf]], 2)  # (1, h_kv, P+n, d)
-            values = torch.cat([v, value[:, :, suf]], 2)
-            # query i (at position P+i) sees keys 0..P+i: bottom-right causal, (1, 1, n, P+n)
-            cols = torch.arange(p + n, device=query.device)
-            mask = (cols[None] <= p + torch.arange(n, device=query.device)[:, None])[None, None]
-            out = sdpa_attention_forward(module, query[:, :, suf], keys, values, mask, **kwargs)
-            parts.append(out[0])
-    return torch.cat(parts, 1), None  # (1, L, h, d)
+    if kwargs.get("dropout") or kwargs.get("sliding_window") or kwargs.get("softcap"):
+        raise ValueError("the shared-prefix attention takes no dropout, sliding window or softcap")
+    return suffix_attention.packed(query, key, value, blocks, kwargs.get("scaling")), None
 
 
 # no mask function registered with it: transformers then builds no (L, L) mask (the blocks are
@@ -66,12 +57,15 @@ AttentionInterface.register(NAME, shared_prefix_attention)
 
 
 def enable(model, on: bool = True) -> bool:
-    """Make the shared-prefix attention the model's training attention where that is SDPA;
-    returns whether the model's update forwards now share prefixes. on=False restores SDPA."""
+    """Make the shared-prefix attention the model's training attention where that is SDPA or
+    flash-attention (its kernels are PyTorch's own, flash on CUDA); returns whether the model's
+    update forwards now share prefixes. on=False restores the one it replaced."""
     current = getattr(model, "training_attention", None) or _impl(model)
-    if current not in ("sdpa", NAME):
-        return False
-    model.training_attention = NAME if on else "sdpa"
+    if current != NAME and current != "sdpa" and "flash" not in current:
+        return False  # eager and others: not shared
+    if current != NAME:
+        model.unshared_attention = current
+    model.training_attention = NAME if on else getattr(model, "unshared_attention", "sdpa")
     return on
 
 
@@ -88,7 +82,7 @@ def shared_hidden(model, ids: torch.Tensor, attn: torch.Tensor, targets: torch.T
     where = targets.bool()
     lengths = attn.sum(1).tolist()
     rows = [ids[i, :n].tolist() for i, n in enumerate(lengths)]
-    packed = pack(rows, share_groups(rows), ids.shape[1])
+    packed = pack(rows, share_groups(rows, model_coef(model)), ids.shape[1])
     kwargs = {
         "input_ids": packed.ids[None].to(ids.device),  # (1, L)
         "position_ids": packed.positions[None].to(ids.device),  # (1, L)

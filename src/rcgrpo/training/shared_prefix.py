@@ -10,9 +10,14 @@ found from the token ids alone (no group ids needed), so rows of different tasks
 share a system prompt can share it too, when that computes fewer tokens:
 
 * `common_prefix(rows)`: the longest common prefix of token lists.
-* `share_groups(rows)`: rows sorted lexicographically (a shared prefix makes rows adjacent),
-  then the split of that order into contiguous clusters that computes the fewest tokens
-  (dynamic programming; a cluster of k rows with prefix P computes sum(len) - (k-1) * P).
+* `share_groups(rows, attn)`: rows sorted lexicographically (a shared prefix makes rows
+  adjacent), then the split of that order into contiguous clusters that costs the least
+  (dynamic programming over `cluster_cost`: the tokens computed, P + sum(len - P), plus `attn`
+  x the causal attention's squares, P^2 + sum(len^2 - P^2), in the token units of
+  rcgrpo.training.balance; attn = 0: the fewest tokens). A cluster of k rows saves
+  (k - 1) x (P + attn x P^2) against its rows alone: the suffix attention runs at causal
+  FLOPs (rcgrpo.training.suffix_attention), so any shared prefix pays for itself, and the
+  attention term prefers the clusters with the longer prefixes.
 * `pack(rows, clusters)`: the packed ids and positions (L,), each (row, t)'s place in the packed
   row, and the blocks (prefix start, prefix length, [(suffix start, suffix length)]) the
   attention reads.
@@ -49,25 +54,35 @@ def common_prefix(rows: Sequence[Sequence[int]]) -> int:
     return n
 
 
-def share_groups(rows: Sequence[Sequence[int]]) -> list[tuple[list[int], int]]:
-    """Row indices split into clusters [(rows of the cluster, shared prefix length)] that compute
-    the fewest tokens: a cluster of k rows with prefix P computes P + sum(len - P). A row alone
-    is its own prefix (P = its length, no suffix). Clusters are contiguous runs of the
-    lexicographic order; inside a cluster, rows keep that order."""
+def cluster_cost(lengths: Sequence[int], p: int, attn: float = 0.0) -> float:
+    """Cost of one cluster in token units: rows of `lengths` sharing a prefix of p tokens (a row
+    alone: p = its length) compute P + sum(len - P) tokens through the linear layers, and
+    causal attention of P^2 + sum(len^2 - P^2) squares at `attn` tokens per square
+    (rcgrpo.training.balance.attention_coef)."""
+    tokens = p + sum(n - p for n in lengths)
+    return tokens + attn * (p * p + sum(n * n - p * p for n in lengths))
+
+
+def share_groups(rows: Sequence[Sequence[int]], attn: float = 0.0) -> list[tuple[list[int], int]]:
+    """Row indices split into clusters [(rows of the cluster, shared prefix length)] of the
+    least total `cluster_cost` at `attn`. A row alone is its own prefix (P = its length, no
+    suffix). Clusters are contiguous runs of the lexicographic order; inside a cluster, rows
+    keep that order."""
     order = sorted(range(len(rows)), key=lambda i: list(rows[i]))
     n = len(order)
     # adjacent[j]: common prefix of order[j-1] and order[j] (lex order: the common prefix of a
     # run is the minimum of its adjacent ones)
     adjacent = [0] + [common_prefix([rows[order[j - 1]], rows[order[j]]]) for j in range(1, n)]
-    best = [0] * (n + 1)  # best[b]: fewest tokens for order[:b]
+    best = [0.0] * (n + 1)  # best[b]: least cost of order[:b]
     cut = [0] * (n + 1)  # where the last cluster of order[:b] starts
     for b in range(1, n + 1):
-        total, prefix, best[b] = 0, len(rows[order[b - 1]]), None
-        for a in range(b - 1, -1, -1):  # last cluster order[a:b]
-            total += len(rows[order[a]])
+        total, prefix, best[b] = 0.0, len(rows[order[b - 1]]), None
+        for a in range(b - 1, -1, -1):  # last cluster order[a:b]: cluster_cost, incrementally
+            length = len(rows[order[a]])
+            total += length + attn * length * length
             if a < b - 1:
                 prefix = min(prefix, adjacent[a + 1])
-            cost = best[a] + total - (b - a - 1) * prefix
+            cost = best[a] + total - (b - a - 1) * (prefix + attn * prefix * prefix)
             if best[b] is None or cost < best[b]:
                 best[b], cut[b] = cost, a
     clusters, b = [], n
@@ -112,9 +127,9 @@ def pack(rows: Sequence[Sequence[int]], clusters, width: int) -> Packed:
     return Packed(torch.tensor(ids), torch.tensor(positions), index, blocks)
 
 
-def computed_tokens(rows: Sequence[Sequence[int]]) -> int:
+def computed_tokens(rows: Sequence[Sequence[int]], attn: float = 0.0) -> int:
     """Tokens the shared forward computes for these rows (L of their packed row)."""
-    return sum(p + sum(len(rows[r]) - p for r in m) for m, p in share_groups(rows))
+    return sum(p + sum(len(rows[r]) - p for r in m) for m, p in share_groups(rows, attn))
 
 
 def micro_batches(
@@ -122,22 +137,40 @@ def micro_batches(
     max_tokens: int,
     sampled: Sequence[int] | None = None,
     max_sampled: int = 0,
+    attn: float = 0.0,
 ) -> list[list[int]]:
     """Indices of `rows` grouped into micro-batches whose shared forward computes at most
     `max_tokens` tokens (and holds at most `max_sampled` of the rows' `sampled` positions, when
     > 0): the token budget counts computed tokens, so whole groups go together and a
     micro-batch fits more rollouts than padded. The clusters of `share_groups` are the units,
     largest first, filled first-fit; a cluster over a cap is cut into runs that each recompute
-    its prefix. A row over the budget alone runs alone. Every index appears exactly once."""
+    its prefix. A row over the budget alone runs alone. Every index appears exactly once.
+    attn: the clusters' attention weight (`share_groups`)."""
+    lengths = [len(r) for r in rows]
+    return cluster_micro_batches(
+        share_groups(rows, attn), lengths, max_tokens, sampled, max_sampled
+    )
+
+
+def cluster_micro_batches(
+    clusters: Sequence[tuple[list[int], int]],
+    lengths: Sequence[int],
+    max_tokens: int,
+    sampled: Sequence[int] | None = None,
+    max_sampled: int = 0,
+) -> list[list[int]]:
+    """`micro_batches` from the clusters [(rows, prefix length)] and the rows' `lengths`: what
+    it does once `share_groups` has found them (rcgrpo plan and bench/rank_balance.py give the
+    clusters of episodes they know only by shape)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     cap = max_sampled if max_sampled > 0 and sampled is not None else 0
     units: list[tuple[int, int, list[int]]] = []  # (tokens, sampled, rows)
-    for members, p in share_groups(rows):
+    for members, p in clusters:
         run: list[int] = []
         tokens = used = 0
-        for r in sorted(members, key=lambda r: -len(rows[r])):
-            n, s = len(rows[r]) - p, sampled[r] if cap else 0
+        for r in sorted(members, key=lambda r: -lengths[r]):
+            n, s = lengths[r] - p, sampled[r] if cap else 0
             if run and (p + tokens + n > max_tokens or (cap and used + s > cap)):
                 units.append((p + tokens, used, run))
                 run, tokens, used = [], 0, 0
@@ -156,10 +189,13 @@ def micro_batches(
     return [b[2] for b in bins]
 
 
-def forward_metrics(ids: torch.Tensor, lengths, passes, packed: bool, shared: bool) -> dict:
+def forward_metrics(
+    ids: torch.Tensor, lengths, passes, packed: bool, shared: bool, attn: float = 0.0
+) -> dict:
     """The update's forwards over `passes` (of mini-batches of micro-batch index tensors into
     ids (B, T)): train/pad_frac, train/micro_batches, and the tokens they compute through the
-    decoder, perf/update_tokens (with sharing where on) and perf/update_tokens_unshared."""
+    decoder, perf/update_tokens (with sharing where on, clustered at `attn`) and
+    perf/update_tokens_unshared."""
     from rcgrpo.training import batching
 
     groups = [c.tolist() for one_pass in passes for mini in one_pass for c in mini]
@@ -167,7 +203,8 @@ def forward_metrics(ids: torch.Tensor, lengths, passes, packed: bool, shared: bo
     unshared = sum(batching.computed_tokens(lengths, g, packed) for g in groups)
     tokens = unshared
     if shared:
-        tokens = sum(computed_tokens([ids[i, : lengths[i]].tolist() for i in g]) for g in groups)
+        rows = [[ids[i, : lengths[i]].tolist() for i in g] for g in groups]
+        tokens = sum(computed_tokens(r, attn) for r in rows)
     return {
         "train/pad_frac": batching.pad_frac(lengths, groups, packed or shared),  # shared: none
         "train/micro_batches": float(len(groups)),  # update forwards, all passes

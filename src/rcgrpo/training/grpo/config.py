@@ -60,8 +60,8 @@ class RLConfig:
     )
     shared_prefix: bool = setting(
         True,
-        "the update computes each micro-batch's shared prompt prefixes once (SDPA models; "
-        "equal log-probs and gradients)",
+        "the update computes each micro-batch's shared prompt prefixes once (SDPA and "
+        "flash-attention models; equal log-probs and gradients)",
     )
     lr: float = ranged(1e-6, "(0, 1]", "AdamW learning rate (paper: 1e-6), constant after warmup")
     lr_lora: float = ranged(

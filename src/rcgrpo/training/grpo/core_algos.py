@@ -224,6 +224,7 @@ def minibatch_indices(
     sampled: Sequence[int] | None = None,
     max_sampled: int = 0,
     shared_rows: Sequence[Sequence[int]] | None = None,
+    attn: float = 0.0,
 ) -> list[list[list[torch.Tensor]]]:
     """PPO's schedule over a batch of n rollouts: `epochs` passes, each a list of mini-batches
     (one optimizer step each), each a list of micro-batch index tensors (one forward each).
@@ -238,7 +239,8 @@ def minibatch_indices(
     max_tokens computed tokens and at most `max_sampled` of the rollouts' `sampled` positions
     (rcgrpo.training.batching.micro_batches; `packed`: the forward concatenates them without
     padding). With `shared_rows` (each rollout's token ids: the update shares prompt prefixes)
-    the budget counts the tokens the shared forward computes (shared_prefix.micro_batches).
+    the budget counts the tokens the shared forward computes (shared_prefix.micro_batches, its
+    clusters weighing attention at `attn`).
     The mini-batches are the same either way.
     """
     from rcgrpo.training import shared_prefix
@@ -256,7 +258,7 @@ def minibatch_indices(
             mine = [shared_rows[i] for i in rows]
             return [
                 idx[torch.tensor(g)]
-                for g in shared_prefix.micro_batches(mine, max_tokens, counts, max_sampled)
+                for g in shared_prefix.micro_batches(mine, max_tokens, counts, max_sampled, attn)
             ]
         groups = micro_batches([lengths[i] for i in rows], max_tokens, packed, counts, max_sampled)
         return [idx[torch.tensor(g)] for g in groups]

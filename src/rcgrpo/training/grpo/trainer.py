@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from rcgrpo.training import checkpoint, distributed, shared_forward, shared_prefix
+from rcgrpo.training import balance, checkpoint, distributed, shared_forward, shared_prefix
 from rcgrpo.training.forward import packs
-from rcgrpo.training.grpo import engine_is, group_filter, presample, rollouts, update
+from rcgrpo.training.grpo import dealing, engine_is, group_filter, presample, rollouts, update
 from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.metrics import step_metrics
 from rcgrpo.training.grpo.sync_probe import SyncProbe
@@ -84,7 +84,8 @@ class Trainer:
         cfg = dataclasses.replace(cfg, reward=getattr(score_fn, "reward", cfg.reward))
         self.policy, self.engine, self.tasks, self.cfg = policy, engine, list(tasks), cfg
         self.model = policy.model
-        self.shared = shared_forward.enable(self.model, cfg.shared_prefix)  # SDPA models only
+        self.shared = shared_forward.enable(self.model, cfg.shared_prefix)  # not eager
+        self.attn_coef = balance.model_coef(self.model)  # attention's weight in shared clusters
         self.log_metrics = log_metrics
         self.score_fn = score_fn
         self.ref_model = ref_model
@@ -183,12 +184,12 @@ class Trainer:
         batch = update.to_batch(out.rollouts, self.pad_id)
         lengths = [len(r.ids) for r in out.rollouts]
         packed = packs(self.model)  # flash-attention: micro-batches are padding-free rows
-        passes = update.schedule(cfg, out.rollouts, step, packed, self.shared)
+        passes = update.schedule(cfg, out.rollouts, step, packed, self.shared, self.attn_coef)
         use_ref = (self.ref_model is not None or self.ref_adapter is not None) and cfg.kl_coef > 0
-        # pi_old and the reference sharded like the update (update.first_pass_share), then
+        # pi_old and the reference sharded like the update (dealing.first_pass_share), then
         # summed over the ranks (later passes reshuffle the micro-batches between ranks)
-        mine = update.first_pass_share(self.ranks, batch, passes)
-        anchors = update.anchor_share(cfg, self.ranks, batch, passes)  # pi_old forwards
+        mine = dealing.first_pass_share(self.ranks, self.model, batch, passes)
+        anchors = dealing.anchor_share(cfg, self.ranks, self.model, batch, passes)  # pi_old
         ref_fn = self._ref_logprobs if use_ref else None
         self._phase("update", step)
         old, ref, gap = update.behaviour_logprobs(
@@ -222,7 +223,9 @@ class Trainer:
             cfg, out, batch.mask, gap, self.updates, lr, time.perf_counter() - t0
         )
         metrics |= corrected | synced
-        fwd = shared_prefix.forward_metrics(batch.ids, lengths, passes, packed, self.shared)
+        fwd = shared_prefix.forward_metrics(
+            batch.ids, lengths, passes, packed, self.shared, self.attn_coef
+        )
         # + pad_frac, micro-batches, computed tokens (shared or not); with a filter, reward/* are
         # the first draw's and the kept groups' are <name>_kept
         return metrics | fwd | group_filter.first_draw(metrics, filtered)

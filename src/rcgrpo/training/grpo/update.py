@@ -9,8 +9,8 @@ bypass mode), or, with `rl.engine_is` on, the trainer's own log-probs before any
 the engine's being the behaviour policy of the importance weight (verl's decoupled mode): the
 first mini-batch's come from its own first forward (no step has run yet), those of every later
 mini-batch of the first pass from a no-grad forward before the first step, since by its turn
-1..M-1 steps have moved the weights (`anchor_share`). The engine gap (rollout/logprob_gap) is
-measured on log-probs of the sampled weights only (`engine_gap`).
+1..M-1 steps have moved the weights (rcgrpo.training.grpo.dealing.anchor_share). The engine
+gap (rollout/logprob_gap) is measured on log-probs of the sampled weights only (`engine_gap`).
 A micro-batch is an index tensor into the step's padded batch (B, T); its forward computes
 only its own width, the longest of its members (`width`), not the batch's T: with
 token-budget micro-batches (core_algos.minibatch_indices, rcgrpo.training.batching) a
@@ -32,11 +32,12 @@ from dataclasses import dataclass
 
 import torch
 
-from rcgrpo.training import balance, shared_forward
+from rcgrpo.training import shared_forward
 from rcgrpo.training.forward import masked_hidden, scatter, with_training_attention
 from rcgrpo.training.grpo import engine_is
 from rcgrpo.training.grpo.config import RLConfig, step_seed
 from rcgrpo.training.grpo.core_algos import minibatch_indices, policy_loss
+from rcgrpo.training.grpo.dealing import deal
 from rcgrpo.training.grpo.head import head_logprobs
 
 
@@ -90,30 +91,10 @@ def logprobs(model, ids, attn, mask, temperature: float = 1.0):
     ids, attn, mask = ids.to(dev), attn.to(dev), mask.to(dev)
     forward = shared_forward.shared_hidden if shared_forward.active(model) else masked_hidden
     hidden, where, head = forward(model, ids, attn, mask)  # shared: prefixes computed once
-    logp, sampled = head_logprobs(head, hidden, ids[:, 1:][where], temperature)
+    # the entropy is a statistic of the PPO pass (grad on): pi_old and the reference skip it
+    entropy = torch.is_grad_enabled()
+    logp, sampled = head_logprobs(head, hidden, ids[:, 1:][where], temperature, entropy=entropy)
     return scatter(logp, where), sampled, where
-
-
-def first_pass_share(ranks, batch: Batch, passes, start: int = 0) -> list[torch.Tensor]:
-    """This rank's micro-batches (index tensors) of the first pass's mini-batches start..M-1,
-    the zero-weight padding left out: pi_old and the reference run the same forwards as the
-    first update (ratio exactly 1)."""
-    minis = passes[0][start:]
-    rows = [[balance.padded_rows(batch.attn, c) for c in mini] for mini in minis]
-    shares = (ranks.share(mini, r) for mini, r in zip(minis, rows, strict=True))
-    return [c for share in shares for c, w in share if w]
-
-
-def anchor_share(cfg: RLConfig, ranks, batch: Batch, passes) -> list[torch.Tensor]:
-    """The micro-batches (this rank's) whose pi_old a no-grad forward computes before the first
-    optimizer step: all of the first pass with `recompute`; with `engine` and rl.engine_is on,
-    those of the mini-batches after the first (the first's come from its own forward); none in
-    verl's bypass mode (`engine`, rl.engine_is none: pi_old is the engine's)."""
-    if cfg.behaviour_logprobs == "recompute":
-        return first_pass_share(ranks, batch, passes)
-    if cfg.engine_is == "none":
-        return []
-    return first_pass_share(ranks, batch, passes, start=1)
 
 
 def engine_gap(cfg: RLConfig, batch: Batch, old, first, gap, passes):
@@ -151,7 +132,7 @@ def behaviour_logprobs(
     |engine - trainer| log-prob gap over the anchors' sampled tokens, in eval mode.
     logprob_fn(model, ids, attn, mask) -> `logprobs` at the sampling temperature;
     ref_fn(ids, attn, mask) -> the reference's log-probs of one micro-batch (None: no KL).
-    anchors: which micro-batches need a pi_old forward (`anchor_share`)."""
+    anchors: which micro-batches need a pi_old forward (dealing.anchor_share)."""
     ids, attn, mask = batch.ids, batch.attn, batch.mask
     old = torch.zeros_like(mask)  # (B, T-1)
     ref = torch.zeros_like(mask) if ref_fn is not None else None
@@ -194,8 +175,8 @@ def ppo_updates(
     means over the mini-batch, summed over ranks) with its grad_norm.
     old: the recomputed pi_old (B, T-1), or None (`rl.behaviour_logprobs: engine`, module
     docstring); then `first` (B, T-1) holds this rank's pre-step log-probs of the first pass's
-    later mini-batches (`anchor_share`; zeros without rl.engine_is), the first mini-batch's are
-    written from its own forward, and the whole is summed over the ranks. The `rl.engine_is`
+    later mini-batches (dealing.anchor_share; zeros without rl.engine_is), the first
+    mini-batch's are written from its own forward, and the whole is summed over the ranks. The `rl.engine_is`
     weight compares pi_old with the engine's.
     logprob_fn(model, ids, attn, mask) -> `logprobs` at the sampling temperature (run inside
     the DDP wrapper)."""
@@ -223,7 +204,7 @@ def ppo_updates(
         total = sum(size(c) for c in mini).clamp(min=1)
         upd: dict[str, float] = {}
         # (micro-batch, 1.0); under accelerate this rank's share, + zero-weight padding
-        mine = ranks.share(mini, [balance.padded_rows(attn, c) for c in mini])
+        mine = deal(ranks, model, batch, mini)
         for i, (c, share) in enumerate(mine):
             cols = width(attn, c)  # its longest member: (b, cols) in, (b, cols-1) out
             m = mask[c, : cols - 1]
@@ -275,9 +256,11 @@ def ppo_updates(
     return updates
 
 
-def schedule(cfg: RLConfig, rollouts: list, step: int, packed: bool, shared: bool) -> list:
+def schedule(
+    cfg: RLConfig, rollouts: list, step: int, packed: bool, shared: bool, attn: float = 0.0
+) -> list:
     """The step's PPO passes of mini-batches of micro-batch index tensors
-    (core_algos.minibatch_indices). The shuffle has a generator of its own, seeded by the step
+    (core_algos.minibatch_indices; shared: clusters at the model's attention weight `attn`). The shuffle has a generator of its own, seeded by the step
     (not by draw's stream), so that a resumed run visits the rollouts in the same order."""
     shuffle = torch.Generator().manual_seed(2**32 + step_seed(cfg.seed, step))
     return minibatch_indices(
@@ -292,4 +275,5 @@ def schedule(cfg: RLConfig, rollouts: list, step: int, packed: bool, shared: boo
         [int(r.loss_mask.sum()) for r in rollouts],
         cfg.max_sampled_per_micro_batch,
         [r.ids.tolist() for r in rollouts] if shared else None,  # sharing: computed tokens
+        attn,
     )

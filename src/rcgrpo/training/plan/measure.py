@@ -11,6 +11,11 @@ under). Counted on the CPU, without a GPU: saved bytes with
 counts those itself), the peak by following every tensor an op creates until it is freed
 (a TorchDispatchMode). Both at two token counts; the plan takes the slope (bytes per token),
 so nothing constant (LoRA gradients, autocast's weight copies) is spread over the tokens.
+`shared=True` measures the same layer under the shared-prefix attention
+(rcgrpo.training.shared_forward) on a packed row (a prefix of half the tokens, then SUFFIXES
+suffixes): bytes per computed token of `rl.shared_prefix`'s update, with the suffix kernel of
+the CPU (rcgrpo.training.suffix_attention: `merge`; CUDA's `lower_right` also keeps a copy of the
+prefix's keys and values per suffix, which the plan adds by its size).
 
     rcgrpo plan --measure                        # every profile -> training/plan/layers.json
     .venv/bin/pytest tests/test_plan.py -q -k measure
@@ -28,6 +33,7 @@ COMMAND = "rcgrpo plan --measure"
 TOKENS = (32, 64)  # two token counts: the per-token figures are the slope between them
 LORA_R = 16
 PROFILES = ("qwen-shape", "tiny", "qwen2.5-7b-instruct", "llama-3.1-8b-instruct", "smollm2-135m")
+SUFFIXES = 4  # shared=True: a packed row of a prefix (half the tokens) and 4 suffixes
 
 
 def cuda_dtype(profile: str) -> str:
@@ -122,14 +128,33 @@ def build_layer(profile: str, fp32_adapters: bool = False):
     return model, model.get_base_model().model, compute
 
 
-def measure_layer(model, inner, compute, tokens: int) -> dict:
+def packed_row(tokens: int) -> tuple[list[int], list]:
+    """Positions and blocks (rcgrpo.training.shared_prefix.pack's) of a packed row of `tokens`:
+    a prefix of tokens // 2, then SUFFIXES suffixes sharing the rest."""
+    p = tokens // 2
+    n = (tokens - p) // SUFFIXES
+    lengths = [n] * (SUFFIXES - 1) + [tokens - p - n * (SUFFIXES - 1)]
+    starts = [p + sum(lengths[:i]) for i in range(SUFFIXES)]
+    positions = list(range(p)) + [p + j for m in lengths for j in range(m)]
+    return positions, [(0, p, list(zip(starts, lengths, strict=True)))]
+
+
+def measure_layer(model, inner, compute, tokens: int, shared: bool = False) -> dict:
     """{"saved": bytes autograd keeps, "peak": peak bytes of forward + backward} of the first
-    decoder layer of `inner` (the peft model's decoder) over `tokens` tokens."""
+    decoder layer of `inner` (the peft model's decoder) over `tokens` tokens (shared: a packed
+    row of the shared-prefix forward, `packed_row`)."""
     import torch
+
+    from rcgrpo.training import shared_forward
 
     dtype = inner.layers[0].input_layernorm.weight.dtype
     x = torch.randn(1, tokens, inner.config.hidden_size, dtype=dtype, requires_grad=True)
     pos = torch.arange(tokens)[None]
+    extra = {}
+    if shared:
+        positions, blocks = packed_row(tokens)
+        pos, extra = torch.tensor(positions)[None], {"prefix_blocks": blocks}
+        model.set_attn_implementation(shared_forward.NAME)
     with torch.no_grad():
         pe = inner.rotary_emb(x, pos)
     grad = torch.randn_like(x)
@@ -145,18 +170,21 @@ def measure_layer(model, inner, compute, tokens: int) -> dict:
 
     with compute(), _Live(skip) as live:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = inner.layers[0](x, attention_mask=None, position_ids=pos, position_embeddings=pe)
+            out = inner.layers[0](
+                x, attention_mask=None, position_ids=pos, position_embeddings=pe, **extra
+            )
         out = out[0] if isinstance(out, tuple) else out
         out.backward(grad)
         del out
     model.zero_grad(set_to_none=True)
+    model.set_attn_implementation("sdpa")
     return {"saved": sum(saved.values()), "peak": live.peak}
 
 
-def per_token(profile: str, fp32_adapters: bool = False) -> dict:
-    """Bytes per token: saved, peak, and the backward's transient (peak - saved)."""
+def per_token(profile: str, fp32_adapters: bool = False, shared: bool = False) -> dict:
+    """Bytes per (computed) token: saved, peak, and the backward's transient (peak - saved)."""
     model, inner, compute = build_layer(profile, fp32_adapters)
-    lo, hi = (measure_layer(model, inner, compute, t) for t in TOKENS)
+    lo, hi = (measure_layer(model, inner, compute, t, shared) for t in TOKENS)
     span = TOKENS[1] - TOKENS[0]
     saved, peak = (hi["saved"] - lo["saved"]) / span, (hi["peak"] - lo["peak"]) / span
     return {"saved": round(saved, 1), "peak": round(peak, 1), "transient": round(peak - saved, 1)}
@@ -187,6 +215,8 @@ def measure_all(profiles=PROFILES, merge: bool = False) -> dict:
         entry = {"dtype": cuda_dtype(p), **per_token(p)}
         if entry["dtype"] != "float32":
             entry["fp32_adapters_saved"] = per_token(p, fp32_adapters=True)["saved"]
+        shared = per_token(p, shared=True)  # rl.shared_prefix's packed row
+        entry["shared_saved"], entry["shared_peak"] = shared["saved"], shared["peak"]
         record["layers"][p] = entry
     return record
 

@@ -53,14 +53,17 @@ class Layer:
     peak: float
 
 
-def measured_layer(profile: str, dtype: str) -> Layer:
-    """The recorded measurement of a profile's layer in `dtype`; KeyError saying which command
-    records it when there is none."""
+def measured_layer(profile: str, dtype: str, shared: bool = False) -> Layer:
+    """The recorded measurement of a profile's layer in `dtype` (shared: per computed token of
+    the shared-prefix forward's packed row); KeyError saying which command records it when
+    there is none."""
     from rcgrpo.training.plan.measure import COMMAND, recorded
 
     entry = recorded()["layers"].get(profile)
     if entry is None or entry["dtype"] != dtype:
         raise KeyError(f"no measured {dtype} layer for profile {profile!r}: run `{COMMAND}`")
+    if shared:
+        return Layer(entry["shared_saved"], entry["shared_peak"])
     return Layer(entry["saved"], entry["peak"])
 
 

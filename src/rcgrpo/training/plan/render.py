@@ -56,7 +56,7 @@ def step_time(
     lines.append(
         f"  update, rl.shared_prefix: {share['ratio']:.2f} x the FLOPs at MFU {k.mfu_shared:.2f}"
         f" {shared:8.0f} s   ({share['tokens'] / 1e6:.1f}M of "
-        f"{share['unshared_tokens'] / 1e6:.1f}M tokens a forward; SDPA path)"
+        f"{share['unshared_tokens'] / 1e6:.1f}M tokens a forward; SDPA path, causal FLOPs)"
     )
     for name, roll in (("lock-step", lock), ("async", free)):
         for label, upd in (("", update), (", shared", shared)):

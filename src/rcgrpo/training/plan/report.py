@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from rcgrpo.training.plan import constants as C
 from rcgrpo.training.plan import memory as M
+from rcgrpo.training.plan import sharing as S
 from rcgrpo.training.plan import timing as T
 from rcgrpo.training.plan.calibration import ASSUMED, Assumed
 from rcgrpo.training.plan.render import step_time
@@ -147,6 +148,8 @@ def make_plan(
         )
 
     # RL: rollouts and the update, vLLM asleep during the update in sleep mode
+    if rl.shared_prefix:  # the budget counts computed tokens of the shared forward's layer
+        layer = S.shared_layer(arch, b, model.profile, dtype, rl.group_size)
     budget = rl.max_tokens_per_micro_batch
     rl_tok = max(budget, longest) if budget else rl.micro_batch_size * longest
     ref = rl.kl_coef > 0
@@ -158,6 +161,11 @@ def make_plan(
         f"micro-batch of {rl_tok:,} tokens (rl.max_tokens_per_micro_batch {budget:,}, "
         f"longest episode {longest:,})"
     )
+    if rl.shared_prefix:
+        title += (
+            f", shared prefixes: computed tokens x {layer.peak / 1e3:.1f} kB a layer "
+            "(measured packed row + CUDA's K/V copies)"
+        )
     episodes = rl.tasks_per_step * rl.group_size
     kv_tok = 0.0
     beside = []  # what stays on the GPU beside the update

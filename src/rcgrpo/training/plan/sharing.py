@@ -9,7 +9,15 @@ cluster computing P + sum(len - P) tokens, and attention P^2 + sum(len^2 - P^2) 
 queries against [prefix; suffix]); the shared micro-batches hold whole clusters
 (shared_prefix.micro_batches), so no padding. The mini-batches are the same as the unshared
 update's (timing.step_micro_batches' shuffle of rollouts): with several mini-batches a pass, a
-group's rollouts are spread over them and share less.
+group's rollouts are spread over them and share less. The attention runs at causal FLOPs
+(rcgrpo.training.suffix_attention), which is what these squares count.
+
+Memory (`shared_layer`): a shared micro-batch's budget counts computed tokens, so the update's
+activations are its computed tokens x the layer measured on the shared forward's packed row
+(layers.json `shared_saved` / `shared_peak`, `rcgrpo plan --measure`), plus on CUDA the copies of
+a prefix's keys and values that its `lower_right` kernel makes per suffix and the flash backward
+keeps: G suffixes copying a prefix of P tokens hold 2 x P x kv_dim x b bytes each, over at least
+P computed tokens, so at most 2 x kv_dim x b x G bytes per computed token (counted at that bound).
 
     .venv/bin/pytest tests/test_shared_prefix.py -q -k plan
 """
@@ -19,7 +27,16 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
+from rcgrpo.training.plan import memory as M
 from rcgrpo.training.plan.timing import PREFIX_TAIL
+
+
+def shared_layer(arch, b: int, profile: str, dtype: str, group: int) -> M.Layer:
+    """Bytes per computed token of one layer in the shared update (module docstring): the
+    measured packed row + the bound on CUDA's copies of the prefix's keys and values."""
+    measured = M.measured_layer(profile, dtype, shared=True)
+    copies = 2 * arch.kv_dim * b * group
+    return M.Layer(measured.saved + copies, measured.peak + copies)
 
 
 def forward_flops(arch, tokens: float, squares: float) -> float:
