@@ -1,11 +1,11 @@
 """Benchmark: RC-GRPO against the other fixes for zero-variance groups, at an equal budget.
 
-Every arm starts from the same RCTP-FT model (one per seed, the cpu preset's, as `make run`
+Every arm starts from the same RCTP-FT model (one per seed, params.yaml's CPU default, as `make run`
 trains it), trains on the same RL tasks with the same seeds, and stops once its rollouts have
 sampled the same number of tokens (`rl.generated_token_budget`): a filter that over-samples
 gets fewer steps, not more compute. The budget of a seed is what the first arm (RC-GRPO) samples
 in the preset's `rl.steps`; every other arm may take up to ARM_STEP_CAP x as many steps to
-spend it. Each arm is one `rcgrpo run --preset cpu --variant V --set ...` away (ARMS).
+spend it. Each arm is one `rcgrpo run --variant V --set ...` away (ARMS).
 
 Printed per arm: reward/mean first -> last quarter of its steps (and, for RC arms, the reward of
 the high-goal rollouts: half of an RC group is asked to fail, so its mean is not GRPO's), the
@@ -210,7 +210,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arms", nargs="+", default=["all"], help=f"all or of {list(ARMS)}")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run seeds")
-    parser.add_argument("--preset", default="cpu", help="params.yaml preset to train with")
+    parser.add_argument("--preset", default="", help="params.yaml preset on top (default: none)")
     parser.add_argument("--steps", type=int, default=0, help="RC-GRPO's RL steps (0 = preset's)")
     parser.add_argument("--out", default="outputs/bench/arena", help="results folder")
     args = parser.parse_args()

@@ -68,7 +68,7 @@ def test_comments_rewrite_stale_and_missing_ones_and_keep_everything_else():
 
 
 def test_config_show_rl_prints_value_default_rule_and_help_of_every_field():
-    out = cli("config", "show", "rl", "--preset", "cpu", "--set", "rl.p_high=0.25")
+    out = cli("config", "show", "rl", "--set", "rl.p_high=0.25")
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout
     assert text.startswith("rl:  rcgrpo.training.grpo.config.RLConfig")
@@ -76,7 +76,7 @@ def test_config_show_rl_prints_value_default_rule_and_help_of_every_field():
         assert f"\n  {f.name} " in text and f.metadata["help"][:40] in text, f.name
     rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith("  ")}
     assert rows["p_high"][:5] == ["p_high", "0.25", "*", "0.5", "[0,"]  # --set, default, range
-    assert rows["steps"][:4] == ["steps", "20", "*", "400"]  # the cpu preset
+    assert rows["steps"][:4] == ["steps", "20", "*", "400"]  # params.yaml: the CPU default
     assert rows["advantage"][1:] == [
         "grpo",
         "grpo",
@@ -95,17 +95,13 @@ def test_config_show_rl_prints_value_default_rule_and_help_of_every_field():
 
 
 def test_config_show_resolves_a_variant_as_rcgrpo_run_does():
-    """`--variant rctp+grpo`: the variant's RL fields (goal always high) on top of the preset,
+    """`--variant rctp+grpo`: the variant's RL fields (goal always high) on top of params.yaml,
     as `rcgrpo run --variant rctp+grpo` trains; the last line names the layers shown."""
-    out = cli("config", "show", "rl", "--preset", "cpu", "--variant", "rctp+grpo")
+    out = cli("config", "show", "rl", "--variant", "rctp+grpo")
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {ln.split()[0]: ln.split() for ln in out.stdout.splitlines() if ln.startswith("  ")}
     assert rows["p_high"][:3] == ["p_high", "1.0", "*"] and rows["steps"][1] == "20"
-    assert (
-        out.stdout.strip()
-        .splitlines()[-1]
-        .startswith("(params.yaml + preset cpu + variant rctp+grpo;")
-    )
+    assert out.stdout.strip().splitlines()[-1].startswith("(params.yaml + variant rctp+grpo:")
 
 
 def test_config_show_refuses_a_bad_value_in_the_usual_one_line():

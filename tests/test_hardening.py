@@ -39,7 +39,7 @@ def test_unwritable_out_dir_fails_before_training(tmp_path):
     blocker.write_text("")
     out_dir = blocker / "rctp"
     start = time.perf_counter()
-    out = cli("train", "rctp", "--set", f"out_dir={out_dir}")
+    out = cli("stage", "rctp", "--set", f"out_dir={out_dir}")
     one_line_error(out, f"out_dir {out_dir} is not writable")
     assert "nothing was trained" in out.stderr and "step 1" not in out.stdout
     assert time.perf_counter() - start < 60
@@ -49,7 +49,7 @@ def test_unwritable_out_dir_fails_before_training(tmp_path):
 def test_read_only_out_dir_fails_before_training(tmp_path):
     out_dir = tmp_path / "ro"
     out_dir.mkdir(mode=0o500)
-    one_line_error(cli("train", "sft", "--set", f"out_dir={out_dir}"), "is not writable")
+    one_line_error(cli("stage", "sft", "--set", f"out_dir={out_dir}"), "is not writable")
 
 
 def test_a_failed_save_keeps_the_previous_final(tmp_path, monkeypatch):
@@ -92,7 +92,7 @@ def test_a_corrupt_jsonl_row_is_one_line_with_its_line_number(tmp_path):
     data = tmp_path / "rctp.jsonl"
     write_jsonl(data, [expert(t, "combined") for t in tasks_in("train")[:2]])
     data.write_text(data.read_text() + '{"task_id": "multi_turn_base_0", "turns": [tru\n')
-    out = cli("train", "rctp", "--set", f"data={data}", "--set", f"out_dir={tmp_path / 'out'}")
+    out = cli("stage", "rctp", "--set", f"data={data}", "--set", f"out_dir={tmp_path / 'out'}")
     one_line_error(out, f"{data}:3: not valid JSON")
 
 

@@ -1,4 +1,4 @@
-"""Several nodes through torchrun's own rendezvous: `rcgrpo train STAGE --nnodes N
+"""Several nodes through torchrun's own rendezvous: `rcgrpo stage STAGE --nnodes N
 --rdzv-endpoint HOST:PORT` on each node starts that node's torchrun agent; the agents meet at the
 endpoint (c10d, hosted by the agent on HOST) and train as one job.
 
@@ -52,7 +52,7 @@ def test_two_nodes_of_one_rank_equal_one_process(tmp_path, mlflow_store):
 
     endpoint = f"127.0.0.1:{free_port()}"
     sets = [f"--set={k}={v}" for k, v in {**SFT, "data": data, "out_dir": tmp_path / "two"}.items()]
-    cmd = [sys.executable, "-m", "rcgrpo.cli", "train", "rctp", *sets, "--allow-cpu",
+    cmd = [sys.executable, "-m", "rcgrpo.cli", "stage", "rctp", *sets, "--allow-cpu",
            "--model-set", "profile=tiny", "--model-set", "device=cpu",
            "--nnodes", "2", "--rdzv-endpoint", endpoint]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -92,7 +92,7 @@ def test_two_nodes_of_one_rank_equal_one_process(tmp_path, mlflow_store):
 
 def test_several_nodes_need_a_rendezvous_endpoint():
     out = subprocess.run(
-        [sys.executable, "-m", "rcgrpo.cli", "train", "rctp", "--nnodes", "2", "--allow-cpu"],
+        [sys.executable, "-m", "rcgrpo.cli", "stage", "rctp", "--nnodes", "2", "--allow-cpu"],
         capture_output=True,
         text=True,
         timeout=120,

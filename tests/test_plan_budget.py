@@ -18,7 +18,7 @@ from rcgrpo.training.plan.report import budget_problem, make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = re.compile(r"qwen2\.5-7b-instruct|llama-3\.1-8b-instruct|--procs [2-9]|engine=vllm")
-# a README line that names no preset runs the cpu preset's 1,536-token budget: it is refused
+# a README line that names no preset runs params.yaml's 1,536-token budget: it is refused
 
 
 def gpu_commands(path: Path) -> list[str]:
@@ -84,7 +84,7 @@ def test_every_gpu_command_in_the_docs_passes_the_budget_check(cmd):
 
 
 def test_the_one_gpu_command_without_a_preset_is_refused_by_plan_not_after_the_export():
-    """Without --preset the cpu preset's 1,536-token budget applies: plan says so at once."""
+    """Without --preset params.yaml's CPU budget (1,536 tokens) applies: plan says so at once."""
     problem = planned("rcgrpo run --profile qwen2.5-7b-instruct --set rollout.engine=vllm")
     assert problem and "7,757 tokens" in problem and "= 1,536" in problem, problem
 

@@ -138,7 +138,7 @@ def test_run_resume_after_a_kill_during_rl_ends_as_an_uninterrupted_run(prefect_
     spec["rl"]["out_dir"] = str(proj / "outputs" / "rl_ref")
     (tmp_path / "ref.json").write_text(json.dumps(spec))
     ref = subprocess.run(
-        [sys.executable, "-m", "rcgrpo.cli", "train", "rl", "--config", str(tmp_path / "ref.json")],
+        [sys.executable, "-m", "rcgrpo.cli", "stage", "rl", "--config", str(tmp_path / "ref.json")],
         cwd=proj,
         env=env,
         capture_output=True,

@@ -6,7 +6,8 @@ so `rcgrpo --help` stays fast (tests/test_cli_pipeline.py checks it).
     rcgrpo run                     # the whole pipeline (rcgrpo.cli.pipeline)
     rcgrpo ui                      # MLflow UI + Prefect UI on 127.0.0.1
     rcgrpo data build|versions|rollback REV
-    rcgrpo train rctp|sft|rl ; rcgrpo eval PATH ; rcgrpo compare RUNS...
+    rcgrpo stage data|rctp|sft|rl|eval|eval_rl_tasks_before|eval_rl_tasks_after
+    rcgrpo compare RUNS...
     rcgrpo schedule --cron "0 2 * * *"
     rcgrpo env show multi_turn_base_0
     rcgrpo plan --profile qwen2.5-7b-instruct --preset paper --gpus 8 --gpu-memory 80
@@ -25,7 +26,7 @@ import sys
 
 import typer
 
-from rcgrpo.cli import config, doctor, env, pipeline, plan, prune, train, ui
+from rcgrpo.cli import compare, config, doctor, env, pipeline, plan, prune, stage, ui
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -37,9 +38,8 @@ if importlib.util.find_spec("rcgrpo.cli.data") is not None:  # the data commands
     from rcgrpo.cli import data
 
     app.add_typer(data.app, name="data")
-app.command("train")(train.train)
-app.command("eval")(train.eval_)
-app.command("compare")(train.compare)
+app.command("stage")(stage.stage)
+app.command("compare")(compare.compare)
 app.command("ui")(ui.ui)
 app.command("schedule")(pipeline.schedule)
 app.command("plan")(plan.plan)
@@ -61,6 +61,8 @@ USER_ERRORS = (
     "rcgrpo.data.objects:ObjectError",
     "builtins:FileNotFoundError",
     "rcgrpo.training.plan.memory:NoFit",
+    "rcgrpo.tracking.stage_process:StageFailed",
+    "rcgrpo.rollout.gpu_memory:ServerStartFailed",
 )
 
 

@@ -29,9 +29,9 @@ def resolve(preset: str, sets: list[str], profile: str) -> dict:
     from rcgrpo.run_config import resolve as resolve_run
 
     params = read_params()
-    preset = preset or (params.get("pipeline") or {}).get("preset", "cpu")
     given = parse_sets([*sets, *([f"model.profile={profile}"] if profile else [])], True)
-    rc = resolve_run(params, preset=preset, sets=given)
+    rc = resolve_run(params, preset=preset, sets=given)  # "" = params.yaml pipeline.preset
+    preset = rc.plan.preset or "none (params.yaml's sections)"
     stage = rc.rl.init  # the fine-tuning stage RL starts from
     return {
         "model": rc.model,
@@ -82,7 +82,7 @@ def pick_gpu(name: str, memory: float):
 def plan(
     profile: str = typer.Option("", help="model profile (shortcut for --set model.profile=...)"),
     preset: str = typer.Option(
-        "", help="cpu | paper: params.yaml presets (default: pipeline.preset)"
+        "", help="paper: a params.yaml preset (default: pipeline.preset, none: the sections)"
     ),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     gpus: int = typer.Option(8, min=1, help="GPUs, one training process + rollout engine each"),

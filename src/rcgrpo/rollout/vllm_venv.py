@@ -36,6 +36,16 @@ def ensure_venv() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+def vllm_missing() -> str | None:
+    """Why vLLM cannot run here (its venv cannot be had: not installed and not buildable, e.g.
+    offline), or None when its python is ready."""
+    try:
+        ensure_venv()
+    except (FileNotFoundError, RuntimeError) as e:
+        return f"vLLM is not installed ({' '.join(str(e).split())[:300]})"
+    return None
+
+
 def cuda() -> bool:
     from shutil import which
 

@@ -5,7 +5,7 @@ Marked FAILED. A pipeline killed by SIGKILL (or a lost machine) never ends its M
 the UI showed them running forever. The next pipeline run holds the project's run lock
 (rcgrpo.run_lock), so no other pipeline can be live: every RUNNING run tagged `stage=pipeline`,
 and every RUNNING run below it, was left by a dead process. They get status FAILED and the tag
-`rcgrpo.killed` (a resumed run reopens them: RUNNING again). A standalone `rcgrpo train` run (no
+`rcgrpo.killed` (a resumed run reopens them: RUNNING again). A standalone `rcgrpo stage` run (no
 pipeline parent) is never touched: it does not take the lock.
 
 Resumed. The pipeline's state file, <project>/outputs/pipeline.json, names the last run started

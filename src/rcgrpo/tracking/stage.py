@@ -1,14 +1,15 @@
 """One training stage (rctp | sft | rl) from a resolved RunConfig, logged to MLflow: the body of
-`rcgrpo train STAGE`, the one way a stage runs. dvc.yaml runs that command, the pipeline's Prefect
-task calls `run_stage` (the same function, in its process), and with `--procs N` it starts N
-torchrun ranks that each run the command again with `--config <out_dir>/run_config.json`.
+`rcgrpo stage rctp|sft|rl`, the one way a training stage runs. dvc.yaml runs that command, the
+pipeline's Prefect task starts it as a process of its own (`launch`: a plain child for one
+process, torchrun for `--procs N`, each rank running the command with
+`--config <out_dir>/run_config.json`).
 
-Why the MLflow run is opened here when none is given: `dvc repro` and a bare `rcgrpo train` then
-leave the same run (name, params, metric names, model artifact) as the pipeline's stage, in the
-project's store (mlflow/, or MLFLOW_TRACKING_URI). Under torchrun only rank 0 logs and saves.
+Why the MLflow run is opened here when none is given: `dvc repro` and a bare `rcgrpo stage rl`
+then leave the same run (name, params, metric names, model artifact) as the pipeline's stage, in
+the project's store (mlflow/, or MLFLOW_TRACKING_URI). Under torchrun only rank 0 logs and saves.
 
-    rcgrpo train rl                                      # params.yaml as it is, own MLflow run
-    rcgrpo train rl --config outputs/rl/run_config.json --mlflow-run <run id>
+    rcgrpo stage rl                                      # params.yaml resolved, own MLflow run
+    rcgrpo stage rl --config outputs/rl/run_config.json --mlflow-run <run id>
 """
 
 from __future__ import annotations
@@ -17,16 +18,14 @@ import dataclasses
 import os
 import shutil
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 from rcgrpo.run_config import RunConfig, stage_section
-from rcgrpo.runtime import project_root
 from rcgrpo.tracking import runs as tracking
+from rcgrpo.tracking.stage_process import CONFIG_FILE, StageFailed, run_stage_process
 
 HEADLINE = ("sft/loss", "reward/mean", "rollout/zero_variance_frac", "loss/kl", "perf/step_s")
-CONFIG_FILE = "run_config.json"
 
 
 def stage_config(rc: RunConfig, stage: str) -> dict:
@@ -145,9 +144,10 @@ def log_outputs(run_id: str, model_path: str | Path) -> None:
 def launch(
     stage: str, rc: RunConfig, run_id: str | None, resume: bool | str = False, node_rank: int = 0
 ) -> Path:
-    """`rcgrpo train STAGE --config <out_dir>/run_config.json [--mlflow-run ID]` on
-    rc.plan.procs torchrun ranks (rank 0 logs and saves); the saved model's folder. A failed
-    rank fails the stage in one line (the ranks' output is above it).
+    """`rcgrpo stage STAGE --config <out_dir>/run_config.json [--mlflow-run ID]` in a process of
+    its own: a plain child for one process, torchrun ranks for rc.plan.procs x nodes > 1 (rank 0
+    logs and saves); the saved model's folder. A failed process or rank fails the stage in one
+    line (the output is above it).
 
     On rc.plan.nodes > 1 this is node `node_rank`'s torchrun agent: the agents of every node meet
     at rc.plan.rendezvous (HOST:PORT: torchrun's static rendezvous, served by node 0's agent).
@@ -155,31 +155,24 @@ def launch(
     logs to `run_id` and saves, is always on node 0 (c10d numbers the nodes by host name). The
     out_dir must be a folder every node reads."""
     cfg, procs = stage_section(rc, stage), rc.plan.procs
-    spec = rc.write(Path(cfg.out_dir) / CONFIG_FILE)
     if run_id:
         tracking.set_tags(run_id, {"train.procs": str(procs)})
-    if "torch" in sys.modules:  # the driver's cached GPU memory (a data-stage policy) back
-        import torch
-
-        if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
-    torchrun = [sys.executable, "-m", "torch.distributed.run", *_rendezvous(rc, node_rank)]
-    cmd = [*torchrun, "--nproc_per_node", str(procs), "-m", "rcgrpo.cli", "train", stage]
-    cmd += ["--config", str(spec), *(["--mlflow-run", run_id] if run_id else [])]
-    cmd += ["--resume-from", resume] if isinstance(resume, str) else ["--resume"] * bool(resume)
-    # torchrun leaves a torchelastic_* folder in TMPDIR per launch: this node's own, removed
-    tmp = Path(cfg.out_dir) / f".torchrun-{socket.gethostname()}-{os.getpid()}"
-    tmp.mkdir(parents=True, exist_ok=True)
-    try:
-        done = subprocess.run(cmd, cwd=project_root(), env={**os.environ, "TMPDIR": str(tmp)})
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    args = ["--resume-from", resume] if isinstance(resume, str) else ["--resume"] * bool(resume)
+    if procs * rc.plan.nodes == 1:
+        run_stage_process(stage, rc, run_id, args)
+    else:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", *_rendezvous(rc, node_rank)]
+        torchrun += ["--nproc_per_node", str(procs)]
+        # torchrun leaves a torchelastic_* folder in TMPDIR per launch: this node's own, removed
+        tmp = Path(cfg.out_dir) / f".torchrun-{socket.gethostname()}-{os.getpid()}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        try:
+            run_stage_process(stage, rc, run_id, args, torchrun, {"TMPDIR": str(tmp)})
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     final = Path(cfg.out_dir) / "final"
-    if done.returncode != 0 or not final.is_dir():
-        raise RuntimeError(
-            f"{stage} on {procs} ranks (torchrun) failed with exit code {done.returncode}: "
-            "see the ranks' output above"
-        )
+    if not final.is_dir():
+        raise StageFailed(f"stage {stage} ({procs} x {rc.plan.nodes} processes) saved no {final}")
     return final
 
 
