@@ -7,9 +7,9 @@ write (into a staging folder) -> validate (Great Expectations) -> version (swap 
 dvc add, git commit data.dvc, dvc push: one task under the build lock, recoverable after a
 kill, see rcgrpo.data.publishing). A failing suite raises before versioning, so data/ and
 data.dvc keep the previous version, checked out. Retries only on the I/O task write.
-It runs as the data stage's own process (`data_stage`: `rcgrpo stage data`, which the pipeline,
-dvc.yaml and `rcgrpo data build` run), against PREFECT_API_URL when set (the pipeline's server),
-else `rcgrpo ui`'s server or one of its own that stops with it (rcgrpo.flow_server).
+It runs in the data stage's own process (`rcgrpo stage data`, which the pipeline and dvc.yaml
+run, and `rcgrpo data build`: rcgrpo.cli.stage.data_stage), against PREFECT_API_URL when set (the
+pipeline's server), else `rcgrpo ui`'s server or one of its own that stops with it.
 
     rcgrpo data build                                   # params.yaml, resolved as `rcgrpo run` does
     rcgrpo data build --set train_tasks=8 --set test_tasks=4 --set rollouts=off
@@ -291,19 +291,3 @@ def build_dataset_flow(
         "expert_failures": expert_failures,
         "rollouts": rollout_summary,
     }
-
-
-def data_stage(rc) -> dict:
-    """The data stage of a resolved run (rcgrpo.run_config.RunConfig) in this process: the
-    flow above, reporting to PREFECT_API_URL (the pipeline's server) when set, else to `rcgrpo
-    ui`'s or a server of its own that stops with it. What `rcgrpo stage data` runs."""
-    import contextlib
-
-    from rcgrpo.data.versioning import check_data_dir
-    from rcgrpo.flow_server import prefect_for_flows
-
-    cfg = rc.dataset
-    check_data_dir(cfg.project, cfg.data_dir, cfg.remote)  # never another folder: before work
-    with contextlib.ExitStack() as stack:
-        prefect_for_flows(stack)
-        return build_dataset_flow(cfg, rc=rc)

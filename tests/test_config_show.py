@@ -43,6 +43,35 @@ def test_params_yaml_field_comments_are_the_help():
     assert not stale, "run `rcgrpo config comments`:\n" + "\n".join(stale)
 
 
+def test_every_field_the_paper_preset_sets_names_the_papers_value():
+    """params.yaml's sections are the CPU default; where the paper preset changes a field, the
+    field's comment (its line, or the comment lines just above it) or, for a field the sections
+    leave out, its help, names the paper's value."""
+    from rcgrpo.config import read_params
+    from rcgrpo.fields import help_of
+
+    lines = params_path().read_text().split("\n")
+    paper = read_params()["presets"]["paper"]
+    missing = []
+    for section, fields in paper.items():
+        start = lines.index(next(ln for ln in lines if ln.startswith(f"{section}:")))
+        for name in fields:
+            at = next(
+                (i for i in range(start + 1, len(lines)) if lines[i].startswith(f"  {name}:")), None
+            )
+            if at is None:  # the section leaves it at its default: the help says it
+                helps = {f.name: help_of(f) for f in dataclasses.fields(section_class(section))}
+                said = helps[name]
+            else:
+                above = at
+                while lines[above - 1].startswith("  #"):
+                    above -= 1
+                said = " ".join(lines[above : at + 1]).partition(f"  {name}:")[0] + lines[at]
+            if "paper" not in said:
+                missing.append(f"{section}.{name}")
+    assert not missing, f"no comment names the paper's value: {missing}"
+
+
 def test_comments_rewrite_stale_and_missing_ones_and_keep_everything_else():
     text = (
         "seed: 0  # top-level, not a section\n"

@@ -60,3 +60,41 @@ def test_with_vllm_a_rollout_stage_loads_the_policy_on_the_cpu():
     served = for_engine(gpu_policy, "vllm")
     assert (served.device, served.dtype) == ("cpu", "bfloat16")  # what vLLM serves, on the CPU
     assert for_engine(gpu_policy, "hf") == gpu_policy  # HF samples from the policy itself
+
+
+@pytest.mark.slow
+def test_a_vllm_start_failure_fails_the_data_stage_in_one_line(prefect_server, tmp_path):
+    """`rollouts: auto` with vLLM installed: a server that does not start (here, on the CPU, a
+    KV cache no machine has) fails the data stage in one line; no dataset is versioned, so no
+    perturbations-only dataset appears. ~2-7 min on 2 cores (one real vLLM start)."""
+    import subprocess
+    import sys
+
+    from test_pipeline_e2e import _git, copy_env, copy_project  # tests/ is on sys.path
+
+    from rcgrpo.runtime import project_root
+
+    proj = copy_project(project_root(), tmp_path / "proj")
+    head, pointer = _git(proj, "rev-parse", "HEAD"), (proj / "data.dvc").read_text()
+    sets = ["dataset.train_tasks=4", "dataset.test_tasks=4", "dataset.rollouts=auto"]
+    sets += ["rollout.engine=vllm", "rollout.max_new_tokens=8", "rollout.max_total_tokens=1200"]
+    cmd = [sys.executable, "-m", "rcgrpo.cli", "run", "--stages", "data", "--allow-cpu"]
+    env = {**copy_env(proj), "VLLM_CPU_KVCACHE_SPACE": "100000"}  # GiB of K/V: none has it
+    out = subprocess.run(
+        [*cmd, *[a for s in sets for a in ("--set", s)]],
+        cwd=proj,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1, out.stderr[-3000:]
+    assert errors[0].startswith(
+        "error: stage data failed (exit code 2): vLLM server on the CPU did not start (exit code"
+    ), errors[0]
+    result = json.loads((proj / "outputs/data/result.json").read_text())
+    assert errors[0] == f"error: stage data failed (exit code 2): {result['error']}"
+    assert not (proj / "data").exists() and (proj / "data.dvc").read_text() == pointer
+    assert _git(proj, "rev-parse", "HEAD") == head  # nothing versioned

@@ -27,6 +27,7 @@ import sys
 import typer
 
 from rcgrpo.cli import compare, config, doctor, env, pipeline, plan, prune, stage, ui
+from rcgrpo.cli.errors import user_error
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -47,34 +48,6 @@ app.command("doctor")(doctor.doctor)
 app.command("prune")(prune.prune)
 app.add_typer(env.app, name="env")
 app.add_typer(config.app, name="config")
-
-
-# "module:Class" of the error types whose message is the whole story for a user; looked up only
-# in modules the command already imported (catching must not import torch or dvc).
-USER_ERRORS = (
-    "rcgrpo.config:ConfigError",
-    "rcgrpo.data.versioning:VersioningError",
-    "rcgrpo.training.checkpoint:CheckpointError",
-    "rcgrpo.chat.record:RecordError",
-    "rcgrpo.servers:ServerError",
-    "rcgrpo.run_lock:RunLocked",
-    "rcgrpo.data.objects:ObjectError",
-    "builtins:FileNotFoundError",
-    "rcgrpo.training.plan.memory:NoFit",
-    "rcgrpo.tracking.stage_process:StageFailed",
-    "rcgrpo.rollout.gpu_memory:ServerStartFailed",
-)
-
-
-def user_error(exc: BaseException) -> str | None:
-    """The one-line message of a project error, None for anything else (a bug)."""
-    for spec in USER_ERRORS:
-        module, name = spec.split(":")
-        cls = getattr(sys.modules.get(module), name, None)
-        if cls is not None and isinstance(exc, cls):
-            text = " ".join(str(exc).split()) or type(exc).__name__
-            return text
-    return None
 
 
 def _recover_publish() -> None:

@@ -32,7 +32,7 @@ def build(
     params: Path | None = typer.Option(None, help="params.yaml to read (default: checkout's)"),
 ) -> None:
     """Generate, label, validate (GX) and version (DVC) the dataset; one build at a time."""
-    from rcgrpo.cli.stage import qualified
+    from rcgrpo.cli.stage import data_stage, qualified
     from rcgrpo.config import parse_sets
     from rcgrpo.data.validation import ValidationFailed
     from rcgrpo.data.versioning import VersioningError
@@ -40,8 +40,6 @@ def build(
 
     pairs = [qualified(p, "dataset") for p in set_]  # a bad --set: ConfigError, one line
     rc = resolve(params, sets=parse_sets(pairs, sectioned=True, path=params, together=False))
-    from flows.build_dataset import data_stage  # prefect: heavy import
-
     try:
         result = data_stage(rc)  # its own Prefect server (if needed) stops with the command
     except ValidationFailed as e:

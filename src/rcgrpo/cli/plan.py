@@ -107,6 +107,7 @@ def plan(
     from rcgrpo.training.plan import constants
     from rcgrpo.training.plan.render import render
     from rcgrpo.training.plan.report import check, make_plan
+    from rcgrpo.training.plan.stages import gpu0_by_stage
 
     cfg = resolve(preset, set_, profile)
     spec, memory = pick_gpu(gpu, gpu_memory)
@@ -125,6 +126,7 @@ def plan(
     )
     result.head.append(f"preset {cfg['preset']}, fine-tuning stage {cfg['stage']}")
     result.head.append(stage_gpus(cfg, gpus))
+    result.head += gpu0_by_stage(cfg, result, memory * constants.PHYSICAL_PER_GB)
     if not result.problems or table:
         typer.echo(render(result, mfu))
     check(result)  # NoFit: `error: <what to change>`, exit 2 (rcgrpo.cli.main)

@@ -106,8 +106,6 @@ def run(name: str, rc, run_id: str | None, model: str, resume: bool | str, node_
     from rcgrpo.run_config import TRAIN_STAGES
 
     if name == "data":
-        from flows.build_dataset import data_stage
-
         built = data_stage(rc)
         keep = ("rev", "md5", "counts", "rollouts")
         return {k: built[k] for k in keep if k in built}
@@ -124,9 +122,24 @@ def run(name: str, rc, run_id: str | None, model: str, resume: bool | str, node_
     return run_evaluation(rc, name, model or default_model(rc, name), run_id)
 
 
+def data_stage(rc) -> dict:
+    """The data stage of a resolved run in this process: flows/build_dataset.py's flow,
+    reporting to PREFECT_API_URL (the pipeline's server) when set, else to `rcgrpo ui`'s or a
+    server of its own that stops with it."""
+    from flows.build_dataset import build_dataset_flow  # prefect: a heavy import
+    from rcgrpo.data.versioning import check_data_dir
+    from rcgrpo.flow_server import prefect_for_flows
+
+    cfg = rc.dataset
+    check_data_dir(cfg.project, cfg.data_dir, cfg.remote)  # never another folder: before work
+    with contextlib.ExitStack() as stack:
+        prefect_for_flows(stack)
+        return build_dataset_flow(cfg, rc=rc)
+
+
 def _record_failure(rc, name: str, exc: BaseException) -> None:
     """result.json = {"error": the one line the command prints}, for the flow that started it."""
-    from rcgrpo.cli import user_error
+    from rcgrpo.cli.errors import user_error
     from rcgrpo.tracking.stage_process import write_result
 
     line = user_error(exc) or f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
