@@ -24,7 +24,7 @@ def test_help_is_fast_and_imports_no_heavy_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     wall = time.perf_counter() - start
     assert out.returncode == 0, out.stderr
-    for command in ("run", "ui", "schedule", "train", "eval", "compare", "env"):
+    for command in ("run", "ui", "schedule", "stage", "compare", "env"):
         assert f" {command} " in out.stdout
     assert "HEAVY []" in out.stdout
     assert wall < 1.5, f"rcgrpo --help took {wall:.2f} s"
@@ -54,7 +54,10 @@ def test_set_without_section_or_value_is_refused(bad):
         (["schedule", "--set", "rl.stepz=1"], "rl has no key 'stepz' (did you mean 'steps'?)"),
         (["stage", "rl", "--set", "steps=abc"], "error: rl.steps=abc: must be an int"),
         (["stage", "rctp", "--set", "epohcs=1"], "did you mean 'epochs'?"),
-        (["eval", "outputs/nothing/here"], "outputs/nothing/here is not a folder"),
+        (
+            ["stage", "eval", "--model", "outputs/nothing/here"],
+            "outputs/nothing/here is not a folder",
+        ),
         (["data", "build", "--set", "data_dirr=x"], "did you mean 'data_dir'?"),
     ],
 )

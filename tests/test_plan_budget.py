@@ -93,7 +93,7 @@ def test_plan_refuses_the_cpu_budget_for_a_7b_profile_in_one_line():
     from rcgrpo.training.plan.memory import NoFit
     from rcgrpo.training.plan.report import check
 
-    cfg = resolve("cpu", [], "qwen2.5-7b-instruct")
+    cfg = resolve("", [], "qwen2.5-7b-instruct")  # params.yaml's CPU budget
     gpu = C.GPUS["h100"]
     plan = make_plan(
         cfg["model"],

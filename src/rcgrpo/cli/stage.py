@@ -93,7 +93,8 @@ def stage(
         resume = str(resume_from) if resume_from else resume  # run_identity.begin checks it
         result = run(name, rc, mlflow_run, model, resume, node_rank)
     except Exception as e:
-        _record_failure(rc, name, e)
+        if config is not None:  # started by a flow (rcgrpo.tracking.stage_process): it reads it
+            _record_failure(rc, name, e)
         raise
     if result is not None:
         from rcgrpo.tracking.stage_process import write_result

@@ -104,16 +104,22 @@ class ServerStartFailed(RuntimeError):
 def last_error(log_text: str) -> str:
     """The last exception line of a server's log ("ValueError: Free memory on device ..."),
     with the indented line after it when there is one (pydantic puts the reason there), without
-    vLLM's "(APIServer pid=N)" prefix; else its last line."""
+    vLLM's "(APIServer pid=N)" prefix and skipping the wrappers that only point at the root
+    cause ("Engine core initialization failed. See root cause above."); else its last line."""
     lines = [re.sub(r"^\(\w+ pid=\d+\)\s?", "", ln) for ln in log_text.splitlines()]
     lines = [ln for ln in lines if ln.strip()]
-    found = [i for i, ln in enumerate(lines) if re.search(r"\b\w*(Error|Exception): ", ln)]
+    found = [
+        i
+        for i, ln in enumerate(lines)
+        if re.search(r"\b\w*(Error|Exception): ", ln) and "root cause above" not in ln
+    ]
     if not found:
         return (lines or ["(empty log)"])[-1].strip()[-300:]
     i = found[-1]
     text = lines[i].strip()
-    if i + 1 < len(lines) and lines[i + 1][:1].isspace():
-        text += " " + lines[i + 1].strip()
+    after = lines[i + 1] if i + 1 < len(lines) else ""
+    if after[:1].isspace() and not after.strip().startswith(("raise ", "File ", "^")):
+        text += " " + after.strip()
     return text[:400]
 
 
