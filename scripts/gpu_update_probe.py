@@ -1,53 +1,54 @@
 """Device probe: RL update micro-batches of a random-init Qwen2.5-7B on one GPU, measured against
 `rcgrpo plan`'s terms. Needs only torch, transformers, peft, pyyaml and src/ (no vLLM, no hub,
 no bfcl-eval): the model is built from its config with random weights; the LoRA, the reference
-adapter, the log-prob and loss functions and the micro-batching are the project's own.
+adapter, the log-prob and loss functions, the shared-prefix forward and the micro-batching are
+the project's own (scripts/probe_cases.py builds the inputs).
 
 Each case runs pi_old and the reference (no grad), then one PPO forward + backward with the KL
-term, gradient checkpointing on, under training_attention (bf16 LoRA compute):
+term, gradient checkpointing on, under training_attention (bf16 LoRA compute), with PyTorch's
+cache emptied and its peaks reset before it (each case's memory is its own):
 1. worst case: one --tokens episode with --share of it sampled;
-2. typical rows: the first (longest, budget-filled) micro-batch of one rank's share of a
-   mini-batch of episodes drawn from the replayed ground truths (plan/episodes.json), grouped
-   by rcgrpo.training.batching.micro_batches as the trainer groups them;
-3. reference forward: the chunked LM head against the plain path (the model's full (B, T, V)
-   logits, log-softmax everywhere) on a --ref-tokens episode small enough for the plain path
-   to fit: peak memory of each, and log-probs and gradients compared.
-Printed per case: time, TFLOP/s (6 x decoder params x tokens), peak allocated and reserved, the
-plan's activation terms beside the measured peak. On a GPU it also measures what the plan
-assumes (CUDA context, NCCL buffers) and prints each beside its assumed value; with --emulate
-GB cases 1-2 run again under torch.cuda.set_per_process_memory_fraction emulating that GPU with
-vLLM asleep and awake. Without CUDA it runs on the CPU at the width given and says so: memory
-figures need a GPU.
+2. typical rows: the first micro-batch the trainer forms from one rank's share of a mini-batch
+   of replayed episodes (padded rows);
+3. typical rows, shared prefixes: the same rollouts with `rl.shared_prefix` on (the default):
+   the trainer's shared micro-batch through its shared forward (rcgrpo.training.shared_forward);
+4. reference forward: the chunked LM head against the plain path (the model's full (B, T, V)
+   logits) on a --ref-tokens episode: peak memory of each, log-probs and gradients compared.
+Printed per case: time, FLOPs as rcgrpo.training.plan.flops counts them (the pass, the recompute,
+pi_old and the reference, attention, the head) and TFLOP/s, peak allocated and reserved, the
+plan's activation terms beside the measured peak. With --emulate GB cases 1-2 run again under
+torch.cuda.set_per_process_memory_fraction emulating that GPU with vLLM asleep and awake.
+Without CUDA it runs on the CPU at the width given and says so: memory figures need a GPU.
+scripts/gpu_day_one.sh runs it (with the other probes) and turns it into calibration.json.
 
-    .venv/bin/python scripts/gpu_update_probe.py --emulate 80    # H200, ~4 min (estimated)
+    .venv/bin/python scripts/gpu_update_probe.py --emulate 80    # one GPU, ~3 min (estimated)
     .venv/bin/python scripts/gpu_update_probe.py --smoke         # CPU, small width, ~1 min
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+import probe_cases as pc  # noqa: E402
 import torch  # noqa: E402
-from probe_contexts import measure_contexts  # noqa: E402
 
 GB = 1e9
-VOCAB, TEXT_ROWS, REWARD_ROWS = 152_064, 151_643, [151_665, 151_666]
+VOCAB, REWARD_ROWS = 152_064, [151_665, 151_666]
 
 
-def build(args, dev):
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    from rcgrpo.models.lora import add_reference_adapter, apply_lora
-    from rcgrpo.models.profiles import ModelConfig
+def config(args):
+    """The probe's Qwen2 config: Qwen2.5-7B's shape at --hidden / --intermediate / --layers
+    (heads of 128, 7 query heads per KV head)."""
+    from transformers import Qwen2Config
 
     heads = max(1, args.hidden // 128)
-    cfg = Qwen2Config(
+    return Qwen2Config(
         hidden_size=args.hidden,
         intermediate_size=args.intermediate or args.hidden * 37 // 7,
         num_hidden_layers=args.layers,
@@ -57,44 +58,26 @@ def build(args, dev):
         vocab_size=VOCAB,
         tie_word_embeddings=False,
     )
+
+
+def build(args, dev):
+    """(model with LoRA and the reward rows, its config, the reference adapter's name, the
+    LoRA ModelConfig) on `dev`, random weights."""
+    from transformers import AutoModelForCausalLM
+
+    from rcgrpo.models.lora import add_reference_adapter, apply_lora
+    from rcgrpo.models.profiles import ModelConfig
+
+    cfg = config(args)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     with torch.device(dev):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
     model.gradient_checkpointing_enable({"use_reentrant": False})
     model.config.use_cache = False
     # the two reward-token rows in the padding, as load_policy adds them
-    model = apply_lora(model, ModelConfig(profile="qwen2.5-7b-instruct"), REWARD_ROWS).to(dev)
-    return model, cfg, add_reference_adapter(model)
-
-
-def one_episode(tokens: int, share: float):
-    """One row of `tokens` random ids, `share` of the targets sampled: ids, attn (1, T), mask
-    (1, T-1)."""
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, TEXT_ROWS, (1, tokens), generator=g)
-    mask = (torch.rand(1, tokens - 1, generator=g) < share).float()
-    return ids, torch.ones_like(ids), mask
-
-
-def typical_rows(tokens: int, rows: int, packed: bool, max_sampled: int):
-    """The first micro-batch the trainer would form from `rows` episodes drawn from the replayed
-    ground truths (groups of 5, as rl.group_size): ids, attn (B, T), mask (B, T-1)."""
-    from rcgrpo.training.batching import micro_batches
-    from rcgrpo.training.grpo.update import to_batch
-    from rcgrpo.training.plan.timing import draw_step, episode_shapes
-
-    episodes = [e for group in draw_step(episode_shapes(), max(1, rows // 5), 5) for e in group]
-    g = torch.Generator().manual_seed(0)
-    rollouts = []
-    for shape in episodes:
-        loss_mask = [m for prefill, sampled in shape for m in [0] * prefill + [1] * sampled]
-        ids = torch.randint(0, TEXT_ROWS, (len(loss_mask),), generator=g).tolist()
-        rollouts.append(SimpleNamespace(ids=ids, loss_mask=loss_mask, logprobs=[0.0] * len(ids)))
-    lengths = [len(r.ids) for r in rollouts]
-    sampled = [sum(r.loss_mask) for r in rollouts]
-    first = micro_batches(lengths, tokens, packed, sampled, max_sampled)[0]
-    batch = to_batch([rollouts[i] for i in first])
-    return batch.ids, batch.attn, batch.mask
+    lora = ModelConfig(profile="qwen2.5-7b-instruct")
+    model = apply_lora(model, lora, REWARD_ROWS).to(dev)
+    return model, cfg, add_reference_adapter(model), lora
 
 
 def plain_logprobs(model, ids, attn, mask):
@@ -117,16 +100,18 @@ def chunked_logprobs(model, ids, attn, mask):
 
 def step(model, ref_name, ids, attn, mask, dev, plain: bool = False):
     """pi_old and the reference (no grad), then one PPO forward + backward with the KL term.
-    Returns seconds, peak allocated and reserved (None on the CPU), the policy's log-probs
-    (B, T-1) and the LoRA gradients (list)."""
+    PyTorch's cache is emptied and its peaks reset first. Returns seconds, peak allocated and
+    reserved (None on the CPU), the policy's log-probs (B, T-1) and the LoRA gradients."""
     from rcgrpo.models.lora import using_adapter
     from rcgrpo.training.forward import training_attention
     from rcgrpo.training.grpo.core_algos import policy_loss
 
     fn = plain_logprobs if plain else chunked_logprobs
     adv = torch.ones(ids.shape[0], device=dev)
+    gc.collect()
     if dev.type == "cuda":
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # else a case reports the reserve an earlier one left
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     with training_attention(model):
@@ -148,61 +133,55 @@ def step(model, ref_name, ids, attn, mask, dev, plain: bool = False):
     return time.perf_counter() - t0, *peaks, logp.detach().float().cpu(), grads
 
 
-def plan_terms(cfg, tokens: int, sampled: int):
+def plan_terms(arch, tokens: int, sampled: int):
     """What rcgrpo plan counts for a micro-batch's activations (qwen2.5-7b's measured layer)."""
-    from rcgrpo.training.plan.constants import Arch
     from rcgrpo.training.plan.memory import measured_layer, update_terms
 
-    arch = Arch(
-        cfg.num_hidden_layers,
-        cfg.hidden_size,
-        cfg.intermediate_size,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-        cfg.vocab_size,
-        False,
-        "probe",
-    )
     layer = measured_layer("qwen2.5-7b-instruct", "bfloat16")
     return update_terms(arch, tokens, sampled, 2, True, layer)
 
 
-def decoder_params(model) -> int:
-    """Weights of the decoder layers: the dense FLOPs per token are 6 x these (the embedding is
-    a lookup; the LM head runs at the sampled positions only)."""
-    return sum(p.numel() for name, p in model.named_parameters() if ".layers." in name)
+def run_case(name, model, probe, inputs, shared: bool = False) -> dict:
+    """Run one case, print its lines and return its figures (calibration.json's `cases`)."""
+    from rcgrpo.training import shared_forward
+    from rcgrpo.training.plan.flops import step_flops
 
-
-def report(name, model, cfg, ref_name, inputs, dev, weights) -> None:
-    """Run one case and print its line, the plan's terms and the measured peak."""
     ids, attn, mask = inputs
-    tokens, sampled = int(ids.numel()), int(mask.sum())
-    secs, alloc, reserved, _, _ = step(model, ref_name, ids, attn, mask, dev)
-    n = decoder_params(model)
+    work = pc.work(ids, attn, mask, shared)
+    flops = step_flops(probe.arch, work, True, probe.lora_params)  # pi_old, ref, one pass
+    shared_forward.enable(model, shared)
+    try:
+        secs, alloc, reserved, _, _ = step(model, probe.ref, ids, attn, mask, probe.dev)
+    finally:
+        shared_forward.enable(model, False)
+    sampled = int(mask.sum())
     print(
-        f"{name}: {ids.shape[0]} rows x {ids.shape[1]:,} = {tokens:,} computed tokens, "
-        f"{sampled:,} sampled ({sampled / tokens:.1%}): {secs:.1f} s, "
-        f"{6 * n * tokens / secs / 1e12:.2f} decoder TFLOP/s"
+        f"{name}: {ids.shape[0]} rows x {ids.shape[1]:,} = {work.tokens:,.0f} computed tokens, "
+        f"{sampled:,} sampled ({sampled / work.tokens:.1%}): {secs:.1f} s, "
+        f"{flops / 1e12:,.3g} TFLOP (plan/flops.py) = {flops / secs / 1e12:.3g} TFLOP/s"
     )
-    terms = plan_terms(cfg, tokens, sampled)
+    terms = plan_terms(probe.arch, int(work.tokens), sampled)
     for t in terms:
         print(f"  plan  {t.name:<56} {t.bytes / GB:8.2f} GB")
+    out = {"name": name, "rows": ids.shape[0], "width": ids.shape[1], "tokens": work.tokens}
+    out |= {"pairs": work.pairs, "sampled": sampled, "seconds": secs, "flops": flops}
+    out |= {"plan_activation_bytes": sum(t.bytes for t in terms)}
     if alloc is None:
-        return
-    measured, predicted = alloc - weights, sum(t.bytes for t in terms)
+        return out
+    measured = alloc - probe.weights
     print(
         f"  measured activations (peak allocated - weights/LoRA) {measured / GB:8.2f} GB"
-        f"   measured / plan {measured / predicted:.2f}"
+        f"   measured / plan {measured / out['plan_activation_bytes']:.2f}"
     )
     print(f"  peak allocated {alloc / GB:.2f} GB, reserved {reserved / GB:.2f} GB")
+    return out | {"peak_allocated": alloc, "peak_reserved": reserved}
 
 
 def compare_reference(model, ref_name, tokens: int, share: float, dev) -> float:
     """The chunked head against the plain full-logits path on one episode: peaks, and the
     largest log-prob and gradient differences (relative to the gradient's scale). Returns the
     larger of the two differences."""
-    inputs = one_episode(tokens, share)
+    inputs = pc.one_episode(tokens, share)
     c_secs, c_alloc, _, c_logp, c_grads = step(model, ref_name, *inputs, dev)
     p_secs, p_alloc, _, p_logp, p_grads = step(model, ref_name, *inputs, dev, plain=True)
     dlogp = float((c_logp - p_logp).abs().max())
@@ -255,6 +234,7 @@ def parse(argv=None):
     ap.add_argument("--tokens", type=int, default=75264, help="micro-batch tokens (paper budget)")
     ap.add_argument("--share", type=float, default=0.033, help="sampled share, worst case")
     ap.add_argument("--rows", type=int, default=40, help="typical rows drawn (320 / 8 ranks)")
+    ap.add_argument("--scale", type=int, default=1, help="divide the replayed episodes' lengths")
     ap.add_argument("--max-sampled", type=int, default=0, help="rl.max_sampled_per_micro_batch")
     ap.add_argument("--ref-tokens", type=int, default=8192, help="reference forward's tokens")
     ap.add_argument("--ref-share", type=float, default=0.25, help="reference's sampled share")
@@ -262,41 +242,73 @@ def parse(argv=None):
     ap.add_argument("--emulate", type=float, default=0.0, help="GB of a GPU to emulate (0: off)")
     ap.add_argument("--vllm-share", type=float, default=0.7, help="vLLM's share when awake")
     ap.add_argument(
-        "--smoke", action="store_true", help="small width (256, 2 layers, 512 tokens): CPU check"
+        "--smoke",
+        action="store_true",
+        help="small width (256, 2 layers), episodes / 16, 2,048 tokens: CPU check",
     )
     args = ap.parse_args(argv)
     if args.smoke:
         args.hidden, args.intermediate, args.layers = 256, 512, 2
-        args.tokens, args.rows, args.ref_tokens = 512, 5, 256
+        args.tokens, args.rows, args.scale, args.ref_tokens = 2048, 10, 16, 256
     return args
 
 
-def main(argv=None) -> float:
-    """Run the probe; returns the reference comparison's largest difference (tests read it)."""
+def run(args, dev) -> dict:
+    """Build the model and run the cases (module docstring); returns {"params", "cases",
+    "reference"} (the largest chunked/plain difference). A warm-up step first: the first
+    kernels, cuBLAS handles and autotuning are no case's time."""
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    model, cfg, ref, lora = build(args, dev)
+    from rcgrpo.models.profiles import LORA_TARGETS
+
+    arch = pc.probe_arch(cfg)
+    weights = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
+    lora_params = arch.lora_params(lora.lora_r, tuple(LORA_TARGETS["qwen2"]))
+    probe = argparse.Namespace(
+        arch=arch, ref=ref, dev=dev, weights=weights, lora_params=lora_params
+    )
+    n = sum(p.numel() for p in model.parameters())
+    print(f"model {n / 1e9:.2f}B params, built in {time.perf_counter() - t0:.1f} s")
+    step(model, ref, *pc.one_episode(min(args.tokens, 1024), args.share), dev)  # warm-up
+    rollouts = pc.replayed(args.rows, args.scale)
+    cases = [
+        ("worst case: one episode", pc.one_episode(args.tokens, args.share), False),
+        (
+            "typical rows",
+            pc.first_micro_batch(rollouts, args.tokens, False, args.max_sampled),
+            False,
+        ),
+    ]
+    from rcgrpo.training import shared_forward
+
+    if shared_forward.enable(model, True):  # the default path where the model trains on SDPA
+        shared_forward.enable(model, False)
+        inputs = pc.first_micro_batch(rollouts, args.tokens, True, args.max_sampled)
+        cases.append(("typical rows, shared prefixes", inputs, True))
+    else:
+        print("shared prefixes: not this model's training attention; case skipped")
+    results = [run_case(name, model, probe, inputs, shared) for name, inputs, shared in cases]
+    worst = compare_reference(model, ref, args.ref_tokens, args.ref_share, dev)
+    if args.emulate and dev.type == "cuda":
+        emulate(args, model, ref, [(name, inputs) for name, inputs, _ in cases[:2]], dev)
+    print(f"probe done in {time.perf_counter() - t0:.1f} s")
+    return {"params": n, "cases": results, "reference": worst}
+
+
+def main(argv=None) -> dict:
+    """The probe on its own: the trainer's allocator settings, the contexts, the cases."""
+    from probe_contexts import measure_contexts
+
+    from rcgrpo.rollout.colocate import trainer_allocator
+
+    print(f"allocator settings: {trainer_allocator() or '(defaults)'}")  # before CUDA starts
     args = parse(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type != "cuda":
         print("no CUDA device: CPU run, float32, timings only (memory figures need a GPU)")
     measure_contexts()
-    t0 = time.perf_counter()
-    torch.manual_seed(0)
-    model, cfg, ref_name = build(args, dev)
-    from rcgrpo.training.forward import packs
-
-    weights = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
-    n = sum(p.numel() for p in model.parameters())
-    print(f"model {n / 1e9:.2f}B params, built in {time.perf_counter() - t0:.1f} s")
-    cases = [
-        ("worst case: one episode", one_episode(args.tokens, args.share)),
-        ("typical rows", typical_rows(args.tokens, args.rows, packs(model), args.max_sampled)),
-    ]
-    for name, inputs in cases:
-        report(name, model, cfg, ref_name, inputs, dev, weights)
-    worst = compare_reference(model, ref_name, args.ref_tokens, args.ref_share, dev)
-    if args.emulate and dev.type == "cuda":
-        emulate(args, model, ref_name, cases, dev)
-    print(f"probe done in {time.perf_counter() - t0:.1f} s")
-    return worst
+    return run(args, dev)
 
 
 if __name__ == "__main__":

@@ -322,7 +322,7 @@ def test_vllm_adapter_update_changes_the_served_policy(lora_policy, vllm_engine,
     vllm_engine.sync(lora_policy)
     after = vllm_engine.rollout(tasks[:4], [HIGH, LOW] * 2, seed=0)
     assert vllm_engine.server.proc.pid == pid and vllm_engine.version == version + 1
-    assert vllm_engine.model_name.startswith(f"policy-v{version + 1}-")  # + 128 random bits
+    assert vllm_engine.model_name.startswith(f"policy-v{version + 1}-")  # + its content hash
     assert [r.ids for r in after] != [r.ids for r in before]
     assert [r.ids for r in after] == [r.ids for r in _greedy_hf(lora_policy, tasks[:4])]
 

@@ -10,6 +10,7 @@ MLflow store every node would share; the result equals one process's (loss and w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -138,3 +139,46 @@ def test_rcgrpo_run_on_two_nodes_node_0_runs_the_pipeline_node_1_joins_its_train
     assert "pipeline finished" in outs[1] and "data version" in outs[1]  # node 0: the pipeline
     config = json.loads((final.parent / "run_config.json").read_text())["pipeline"]
     assert (config["nodes"], config["procs"]) == (2, 1)
+
+
+@pytest.mark.parametrize("in_run", [False, True], ids=["node-of-its-own", "inside-a-run"])
+def test_a_launch_serves_one_base_per_node(tmp_path, monkeypatch, in_run):
+    """Every node's torchrun agent (`stage.launch`: a joining node of `rcgrpo run --nnodes`,
+    `rcgrpo stage rl --procs N`) runs its ranks inside one folder of served bases: both ranks
+    get the same export, and the folder is gone when the launch ends (a joining node's ranks
+    used to export a base each: 15 GB apiece at 7B). Inside a run (node 0 of `rcgrpo run`) the
+    ranks use the run's folder, which the run removes. The torchrun launch is launch's own; the
+    rank program is served_base_rank.py, which asks models.serving what a vLLM engine asks (an
+    RL stage with a vLLM server per rank does not fit this 2-core box)."""
+    from types import SimpleNamespace
+
+    from rcgrpo.models.serving import served_bases
+    from rcgrpo.run_config import resolve
+    from rcgrpo.tracking import stage
+
+    rc = resolve(None, sets={"rl": {"out_dir": str(tmp_path / "rl")}}, stages=("rl",), procs=2)
+    (tmp_path / "rl" / "final").mkdir(parents=True)  # launch checks that the stage saved
+    said, own = tmp_path / "said", tmp_path / "own"
+    said.mkdir()
+    rank = Path(__file__).with_name("served_base_rank.py")
+
+    def torchrun_of_our_ranks(cmd, **kw):  # `-m rcgrpo.cli train rl ...` -> the rank program
+        at = cmd.index("rcgrpo.cli") - 1
+        env = {**kw.pop("env"), "OMP_NUM_THREADS": "1"}
+        return subprocess.run([*cmd[:at], str(rank), str(said), str(own)], env=env, **kw)
+
+    monkeypatch.setattr(stage, "subprocess", SimpleNamespace(run=torchrun_of_our_ranks))
+    run_folder = tmp_path / "outputs" / "served-run"
+    with served_bases(run_folder) if in_run else contextlib.nullcontext():
+        stage.launch("rl", rc, None)
+        if in_run:
+            assert len([d for d in run_folder.iterdir() if d.is_dir()]) == 1  # one export
+    got = [json.loads((said / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    assert got[0]["folder"] == got[1]["folder"] and all(g["done"] for g in got)
+    root = Path(got[0]["root"])
+    assert Path(got[0]["folder"]).parent == root
+    if in_run:
+        assert root == run_folder.resolve()
+    else:
+        assert root.name.startswith(f"served-{socket.gethostname()}-")
+    assert not root.exists() and not own.exists()  # removed with the launch (or the run)

@@ -8,6 +8,7 @@ GPU exits 2 with one line; the per-layer constants equal a fresh measurement.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from rcgrpo.training.plan import constants as C
 from rcgrpo.training.plan import memory as M
 from rcgrpo.training.plan import timing as T
+from rcgrpo.training.plan.calibration import ASSUMED
 
 
 def test_parameter_counts_match_the_published_models():
@@ -58,10 +60,13 @@ def test_memory_terms_by_hand():
     # of 296 and 0.1 x 100 x 16 = 160, + 2 x 8 x 2 checkpointed
     per = 32 + 296
     assert M.largest_tokens(toy, 2, True, 0.1, 10_000, layer) == int(10_000 / (per * 1.05))
-    # vLLM: context, weights, overhead, LoRA slots, then the KV cache fills the share
+    # vLLM: its context outside the share (vLLM snapshots free memory after creating it), then
+    # non-torch memory, weights, overhead, LoRA slots, and the KV cache fills the share
     terms, tokens = M.vllm_terms(toy, 2, 0.5, 1e10, slots=1e6)
-    fixed = C.VLLM_CONTEXT_GB * C.GB + toy.params() * 2 + C.VLLM_OVERHEAD_GB * C.GB + 1e6
+    assert terms[0].bytes == C.CUDA_CONTEXT_GB * C.GB and "outside its share" in terms[0].name
+    fixed = C.VLLM_NON_TORCH_GB * C.GB + toy.params() * 2 + C.VLLM_OVERHEAD_GB * C.GB + 1e6
     assert terms[-1].bytes == pytest.approx(5e9 - fixed)
+    assert M.total(terms) == pytest.approx(C.CUDA_CONTEXT_GB * C.GB + 5e9)
     assert tokens == pytest.approx((5e9 - fixed) / 32)
 
 
@@ -86,14 +91,13 @@ GPU = C.GPU("toy", 1, bf16_flops=1e30, bandwidth=1e12, source="toy")  # memory-b
 ARCH = C.Arch(1, 8, 16, 2, 1, 4, 100, False, "toy")
 
 
-def engine(max_seqs=8, kv=1e9):
-    return T.Engine(arch=ARCH, b=1, gpu=GPU, kv_tokens=kv, max_seqs=max_seqs)
+def engine(max_seqs=8, kv=1e9, **assumed):
+    k = dataclasses.replace(ASSUMED, **assumed)
+    return T.Engine(arch=ARCH, b=1, gpu=GPU, kv_tokens=kv, max_seqs=max_seqs, k=k)
 
 
-def test_engine_iteration_cost_by_hand(monkeypatch):
-    monkeypatch.setattr(T, "ITERATION_S", 0.0)
-    monkeypatch.setattr(T, "BANDWIDTH_EFF", 1.0)
-    e = engine()
+def test_engine_iteration_cost_by_hand():
+    e = engine(iteration_s=0.0, bandwidth_eff=1.0)
     w = ARCH.params()  # bytes of weights read per iteration (b = 1)
     kv = 2 * 1 * 4 * 1  # per context token
     assert e.iteration_s([10, 20], []) == pytest.approx((w + kv * 30) / 1e12)
@@ -108,40 +112,61 @@ def test_lock_step_waits_for_the_slowest_message_async_does_not(monkeypatch):
     """A samples 6 then 1 tokens, B 1 then 6. Lock-step: each round lasts 1 prefill + 6 decode
     iterations, 14 in all. Async: B's second message starts while A is still on its first
     (iterations 3-9), A's second is 2 iterations: 9."""
-    monkeypatch.setattr(T, "ITERATION_S", 1.0)  # 1 s per iteration; weights etc. negligible
     monkeypatch.setattr(T, "TOOL_S", 0.0)
     eps = [[(1, 6), (1, 1)], [(1, 1), (1, 6)]]
-    lock, free = engine(), engine()
+    lock, free = engine(iteration_s=1.0), engine(iteration_s=1.0)  # weights etc. negligible
     assert lock.run(eps, lock_step=True, shared=[False, False]) == pytest.approx(14, rel=1e-6)
     assert free.run(eps, lock_step=False, shared=[False, False]) == pytest.approx(9, rel=1e-6)
     assert (lock.iterations, free.iterations) == (14, 9)
     # one slot (max_seqs 1): lock-step serves a round's messages one after another: 7 + 2, 2 + 7
-    one = engine(max_seqs=1)
+    one = engine(max_seqs=1, iteration_s=1.0)
     assert one.run(eps, lock_step=True, shared=[False, False]) == pytest.approx(18, rel=1e-6)
     # a closing segment that samples nothing is no model call
-    assert engine().run([[(1, 2), (1, 0)]], True, [False]) == pytest.approx(3, rel=1e-6)
+    closing = engine(iteration_s=1.0).run([[(1, 2), (1, 0)]], True, [False])
+    assert closing == pytest.approx(3, rel=1e-6)
 
 
-def test_kv_capacity_limits_concurrency(monkeypatch):
-    monkeypatch.setattr(T, "ITERATION_S", 1.0)
+def test_kv_capacity_limits_concurrency():
     eps = [[(10, 2)], [(10, 2)]]  # each needs 12 tokens of KV
-    roomy, tight = engine(kv=100), engine(kv=15)
+    roomy, tight = engine(kv=100, iteration_s=1.0), engine(kv=15, iteration_s=1.0)
     assert roomy.run(eps, False, [False, False]) == pytest.approx(3, rel=1e-6)  # together
     assert tight.run(eps, False, [False, False]) == pytest.approx(6, rel=1e-6)  # one at a time
 
 
 def test_update_flops_by_hand():
-    lengths, groups = [4, 2], [[0, 1]]
-    n = ARCH.params() - ARCH.vocab * ARCH.hidden * 2  # non-embedding
-    # padded: 2 rows of 4 computed; attention 2 x layers x q_dim x (16 + 16)
-    fwd = 2 * n * 8 + 2 * 1 * 8 * 32
-    assert T.update_flops(ARCH, lengths, groups, False, 1, True, True, True) == fwd * (2 + 4)
-    # rl.behaviour_logprobs: engine: no pi_old forward, 1 of those 6 forward-equivalents
-    assert T.update_flops(ARCH, lengths, groups, False, 1, True, True, True, False) == fwd * 5
-    packed = 2 * n * 6 + 2 * 1 * 8 * (16 + 4)
-    assert T.update_flops(ARCH, lengths, groups, True, 2, False, False, False) == packed * (
-        1 + 2 * 5
-    )
+    """Padded rows compute and attend k x the longest; the counts of flops.py, by hand."""
+    lengths, groups, sampled = [4, 2], [[0, 1]], [1, 1]
+    n = ARCH.params() - ARCH.vocab * ARCH.hidden * 2  # the decoder's weights
+    att = 4 * 1 * 8  # 4 L q per attended pair
+    # one forward: 2 rows of 4 computed (8 tokens), 2 x 4^2 / 2 = 16 pairs, 2 head positions
+    fwd = {"linear": 2 * n * 8, "attention": att * 16, "head": 2 * 100 * 8 * 2}
+    one = sum(fwd.values())
+    # LoRA (no adapter weights counted here), checkpointing: forward + recompute + backward
+    # (linear 1x, attention 2.5x, head 1x); pi_old and the reference: a forward each
+    backward = fwd["linear"] + 2.5 * fwd["attention"] + fwd["head"]
+    args = (ARCH, lengths, groups, False, 1, True, True, True)
+    assert T.update_flops(*args, sampled=sampled) == pytest.approx(2 * one + 2 * one + backward)
+    # rl.behaviour_logprobs: engine: no pi_old forward
+    assert T.update_flops(*args, False, sampled=sampled) == pytest.approx(one + 2 * one + backward)
+    # packed rows, a full fine-tune, no checkpointing, 2 passes, no head counted: 6 tokens,
+    # 16/2 + 4/2 = 10 pairs; backward linear 2x (weight gradients), attention 2.5x
+    fwd = {"linear": 2 * n * 6, "attention": att * 10}
+    full = fwd["linear"] * 3 + fwd["attention"] * 3.5
+    packed = T.update_flops(ARCH, lengths, groups, True, 2, False, False, False)
+    assert packed == pytest.approx(sum(fwd.values()) + 2 * full)
+
+
+def test_flops_of_lora_adapters_and_a_shared_prefix():
+    from rcgrpo.training.plan import flops as F
+
+    # a prefix of 3 computed once, suffixes of 1 and 2: 9/2 + (3 + 1/2) + (6 + 2) pairs
+    assert F.shared_pairs(3, [1, 2]) == 4.5 + 3.5 + 8
+    assert F.causal_pairs([4, 2]) == 8 + 2
+    work = F.Work(tokens=10, pairs=0)
+    # LoRA of R weights: 2 R per token forward; backward 2x (input and adapter gradients)
+    with_lora = F.step_flops(ARCH, work, lora=True, lora_params=5, checkpointing=False, scoring=0)
+    without = F.step_flops(ARCH, work, lora=True, lora_params=0, checkpointing=False, scoring=0)
+    assert with_lora - without == 2 * 5 * 10 * (1 + 2)
 
 
 def test_episode_shapes_are_the_measured_lengths():
@@ -247,3 +272,37 @@ def test_a_sampled_cap_is_counted_and_its_excess_named():
     ok = subprocess.run(base + [f"rl.max_sampled_per_micro_batch={lower}"], capture_output=True,
                         text=True, timeout=300)  # fmt: skip
     assert ok.returncode == 0 and "fits: yes" in ok.stdout
+
+
+def _paper_plan(*sets: str, gpus: int = 8):
+    from rcgrpo.cli.plan import resolve
+    from rcgrpo.training.plan.report import make_plan
+
+    cfg = resolve("paper", list(sets), "qwen2.5-7b-instruct")
+    parts = (cfg["model"], cfg["rollout"], cfg["rl"], cfg["finetune"], cfg["stage"])
+    return make_plan(*parts, gpus, C.GPUS["h100"], 80)
+
+
+def test_rollout_phase_counts_every_process_the_rl_stage_starts_on_a_gpu():
+    """On each GPU the rl stage starts one trainer rank and its vLLM server. The server's CUDA
+    context exists before vLLM measures the free memory its share is taken from, so the GPU
+    holds the trainer + that context + util x the physical size: the share that fit only
+    without the context is refused, with a lower one named."""
+    plan = _paper_plan()
+    roll = next(p for p in plan.phases if p.title.startswith("rl rollouts"))
+    contexts = [t for t in roll.terms if "CUDA context" in t.name]
+    assert [t.name for t in contexts] == ["CUDA context", "vLLM CUDA context (outside its share)"]
+    trainer = sum(t.bytes for t in roll.terms if not t.name.startswith("vLLM"))
+    util = 0.7
+    assert roll.bytes == pytest.approx(trainer + C.CUDA_CONTEXT_GB * C.GB + util * plan.gpu_bytes)
+    # a share that fits with 0.25 GB to spare when the server's context is left out: refused
+    usable = plan.gpu_bytes * (1 - C.HEADROOM)
+    close = round((usable - trainer - 0.25e9) / plan.gpu_bytes, 4)
+    refused = _paper_plan(f"rollout.vllm_gpu_memory_utilization={close}")
+    said = refused.problems[0]
+    assert said.startswith("rl: set rollout.vllm_gpu_memory_utilization <= "), said
+    assert float(said.split("<= ")[1].split()[0]) < close
+    # the transformers engine: the rollouts run in the trainer, its context counted there too
+    hf = _paper_plan("rollout.engine=hf", gpus=64)
+    roll = next(p for p in hf.phases if p.title.startswith("rl rollouts"))
+    assert {"CUDA context", "NCCL buffers", "allocator slack"} <= {t.name for t in roll.terms}

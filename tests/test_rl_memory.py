@@ -7,6 +7,9 @@ gradient checkpointing. The memory itself is measured by bench/memory.py, not he
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -262,6 +265,78 @@ def test_sleep_mode_default_and_the_allocator_setting_stays_in_the_trainer():
     off = RolloutConfig(engine="vllm", vllm_sleep_mode=False)
     assert not colocate.sleep_mode(off, "qwen2.5-7b-instruct", on_cuda=True)
     env: dict[str, str] = {}
-    colocate.trainer_env(env)
+    colocate.trainer_allocator(env)
     assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     assert colocate.server_env({**env, "PATH": "/bin"}) == {"PATH": "/bin"}
+    # a user's setting, under either name, is kept; the server gets neither
+    mine = {"PYTORCH_ALLOC_CONF": "max_split_size_mb:64"}
+    colocate.trainer_allocator(mine)
+    assert mine["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:64"
+    assert colocate.server_env({**mine, "PATH": "/bin"}) == {"PATH": "/bin"}
+
+
+class CudaInitialised(Exception):
+    """Raised by the stand-in for torch.cuda.set_device: the rl stage reached CUDA's init."""
+
+
+def test_the_rl_trainer_sets_its_allocator_before_cuda_initialises(tmp_path, monkeypatch):
+    """PyTorch reads PYTORCH_CUDA_ALLOC_CONF once, when CUDA initialises; in an rl rank that is
+    `torch.cuda.set_device(LOCAL_RANK)` (training.distributed.local_device). run_rl runs as a
+    launched rank would (WORLD_SIZE 2) up to that call, on a stand-in for it that records the
+    environment there (no GPU here: the one fault we cannot cause), and stops."""
+    from rcgrpo.rollout.config import RolloutConfig
+    from rcgrpo.training.grpo.run import run_rl
+
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "x")  # recorded for monkeypatch to restore
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    seen = []
+
+    def set_device(index):
+        seen.append((index, os.environ.get("PYTORCH_CUDA_ALLOC_CONF")))
+        raise CudaInitialised
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    (tmp_path / "start").mkdir()
+    cfg = RLConfig(init_path=str(tmp_path / "start"), out_dir=str(tmp_path / "rl"), tasks_from="")
+    model = ModelConfig(profile="tiny", device="auto")
+    with pytest.raises(CudaInitialised):
+        run_rl(cfg, model, RolloutConfig(engine="vllm"))
+    assert seen == [(1, "expandable_segments:True")]
+
+
+def test_allocator_settings_reach_an_allocator_that_is_already_up():
+    """A trainer whose process initialised CUDA before (a stage run in the pipeline's own
+    process): the settings go through PyTorch's runtime setter, read back from the allocator
+    (in a fresh interpreter: the allocator's settings are process-wide)."""
+    code = (
+        "import os, torch\n"
+        "os.environ.pop('PYTORCH_CUDA_ALLOC_CONF', None); os.environ.pop('PYTORCH_ALLOC_CONF', None)\n"
+        "assert torch._C._accelerator_getAllocatorSettings() == ''  # read: nothing set\n"
+        "torch.cuda.is_initialized = lambda: True  # as after an earlier stage's CUDA work\n"
+        "from rcgrpo.rollout import colocate\n"
+        "print(colocate.trainer_allocator())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "expandable_segments:True"
+
+
+def test_a_checkpoint_copies_the_trainable_weights_to_the_host():
+    """RL's rank 0 saves right after the weight sync woke its vLLM server: the copy of the
+    trainable weights goes straight to host memory, never beside the server on GPU 0. Checked
+    on parameters that live on a (fake) CUDA device."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from rcgrpo.training.checkpoint import trainable_state
+
+    with FakeTensorMode():
+        model = torch.nn.Module()
+        model.weight = torch.nn.Parameter(torch.empty(3, 4, device="cuda"))
+        model.bias = torch.nn.Parameter(torch.empty(3, device="cuda"), requires_grad=False)
+        state = trainable_state(model)
+        assert list(state) == ["weight"]
+        assert state["weight"].device.type == "cpu" and model.weight.device.type == "cuda"

@@ -66,6 +66,7 @@ BAD = {
         "engine_is": ("seq", "must be one of none, token, sequence"),
         "engine_is_cap": ("0.5", "must be in [1, inf)"),
         "engine_is_bound": ("1", "must be in (0, 1)"),
+        "sync_gap_max": ("-0.1", "must be in [0, inf)"),
         "lr": ("-1.0", "must be in (0, 1]"),
         "lr_lora": ("-1.0", "must be in [0, 1]"),
         "warmup_steps": ("-1", "must be in [0, inf)"),
@@ -258,7 +259,7 @@ def test_a_bad_value_in_a_preset_is_refused_naming_the_preset(tmp_path):
 def test_good_values_still_load():
     assert parse_sets(["rctp.lr=1e-5"], sectioned=True) == {"rctp": {"lr": 1e-05}}
     assert parse_sets(["seeds=[0, 1]"], False, "eval") == {"seeds": [0, 1]}
-    check_params(preset="cpu")  # the checkout's params.yaml and both presets
+    check_params(preset="paper")  # the checkout's params.yaml and its preset
     check_params(preset="paper")
 
 

@@ -27,10 +27,13 @@ class ToyEngine:
     samples what one process does."""
 
     def __init__(self, policy):
-        self.policy, self.synced, self.episodes = policy, 0, 0
+        self.policy, self.synced, self.episodes, self.ticks = policy, 0, 0, []
 
     def sync(self, policy):
         self.synced += 1
+
+    def watch(self, tick):  # Engine.watch: a launched rank's heartbeat, ticked per episode
+        self.ticks.append(tick)
 
     @torch.no_grad()
     def rollout(self, tasks, reward_tokens, protocol, seed, first_index=0):
@@ -46,6 +49,8 @@ class ToyEngine:
                 nxt = int(torch.multinomial(p, 1, generator=g))
                 ids.append(nxt)
                 logps.append(float(p[nxt].log()))
+            for tick in self.ticks:
+                tick()
             r = int(TARGET in ids[len(prompt) :])
             out.append(
                 SimpleNamespace(
@@ -203,6 +208,60 @@ def test_mini_batches_are_ppo_updates_against_one_pi_old(tmp_path, monkeypatch, 
     assert second["ratio_mean"] == pytest.approx(
         float(ratios.sum() / (mask_a.sum() + mask_b.sum()))
     )
+
+
+class ServedToyEngine(ToyEngine):
+    """The toy engine with the sampled tokens' log-probs at temperature 1 (Engine.logprobs_temperature):
+    what rl.behaviour_logprobs=engine reads."""
+
+    logprobs_temperature = 1.0
+
+
+@pytest.mark.parametrize("engine_is", ["token", "none"])
+def test_engine_pi_old_of_every_mini_batch_is_the_policy_before_any_step(
+    tmp_path, monkeypatch, engine_is
+):
+    """rl.behaviour_logprobs=engine, 12 rollouts in 4 mini-batches of 3 (4 optimizer steps in one
+    pass). Every mini-batch's pi_old is the policy the engine sampled from: with rl.engine_is the
+    trainer's own log-probs before the first step (mini-batches 2-4 used to take their own first
+    forward, after 1-3 steps: ratio exactly 1, the clip never acting), without it the engine's.
+    The engine gap (this engine samples from the very model: ~1e-7) is measured on pre-step
+    log-probs only: the policy's drift over the first pass (~1e-2 here) is not in it."""
+    import rcgrpo.training.grpo.update as update_mod
+
+    policy = tiny_policy()
+    cfg = RLConfig(out_dir=str(tmp_path), tasks_per_step=3, group_size=4, lr=5e-3, save_every=0,
+                   mini_batch_size=3, micro_batch_size=3, behaviour_logprobs="engine",
+                   engine_is=engine_is)  # fmt: skip
+    trainer = Trainer(policy, ServedToyEngine(policy), TASKS, cfg)
+    forwards, anchors = [], []  # (ids, attn) of each training forward; each loss's pi_old, mask
+    logprobs, real_loss = trainer._logprobs, update_mod.policy_loss
+
+    def recording_logprobs(model, ids, attn, mask):
+        if torch.is_grad_enabled():
+            forwards.append((ids, attn))
+        return logprobs(model, ids, attn, mask)
+
+    def recording_loss(logp, old, adv, mask, ref, **kw):
+        anchors.append((old.detach().clone(), mask))
+        return real_loss(logp, old, adv, mask, ref, **kw)
+
+    monkeypatch.setattr(trainer, "_logprobs", recording_logprobs)
+    monkeypatch.setattr(update_mod, "policy_loss", recording_loss)
+    initial = tiny_policy().model  # same seed: the weights the engine sampled from
+    m = trainer.train_step(1)
+
+    assert [round(u["ratio_mean"], 4) == 1.0 for u in trainer.updates] == [True] + [False] * 3
+    assert all(abs(u["ratio_mean"] - 1.0) > 1e-3 for u in trainer.updates[1:])  # off-policy
+    for (ids, attn), (old, mask) in zip(forwards, anchors, strict=True):
+        with torch.no_grad():
+            before = token_logprobs(
+                initial(input_ids=ids, attention_mask=attn).logits[:, :-1], ids[:, 1:]
+            )
+        assert torch.allclose(old * mask, before * mask, atol=1e-5)
+    assert m["rollout/logprob_gap"] < 1e-5
+    if engine_is == "token":  # pi_trainer / pi_engine over the batch, all before any step
+        assert m["rollout/engine_is_max"] == pytest.approx(1.0, abs=1e-4)
 
 
 def test_mini_batch_size_is_validated():

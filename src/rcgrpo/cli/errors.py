@@ -26,6 +26,7 @@ USER_ERRORS = (
     "rcgrpo.training.plan.memory:NoFit",
     "rcgrpo.tracking.stage_process:StageFailed",
     "rcgrpo.rollout.gpu_memory:ServerStartFailed",
+    "rcgrpo.training.grpo.sync_probe:StaleEngine",
 )
 
 

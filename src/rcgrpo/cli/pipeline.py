@@ -112,12 +112,12 @@ def run(
         interrupted(rc)
     from flows.pipeline import pipeline_flow
     from rcgrpo.flow_server import prefect_for_flows
-    from rcgrpo.models.serving import served_bases
+    from rcgrpo.models.serving import node_bases
 
     started = time.monotonic()
     with contextlib.ExitStack() as stack:  # a Prefect server of its own stops with the command
         api = prefect_for_flows(stack)
-        stack.enter_context(served_bases(f"outputs/served-{os.getpid()}"))  # one per run
+        stack.enter_context(node_bases())  # one per run, for every stage and rank here
         try:
             out = pipeline_flow(rc, register_name, resume=resume)
         except (ConfigError, ValueError) as e:

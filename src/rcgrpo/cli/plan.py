@@ -5,13 +5,15 @@ pairs on top, as `rcgrpo run` does, and prints what one GPU holds in the fine-tu
 updates (weights, LoRA + optimizer, reference, checkpointed activations and one recomputed
 layer at the micro-batch's tokens, logits at the sampled positions, vLLM weights + KV cache),
 the RL step's time (rollouts simulated lock-step and async, the update from FLOPs at --mfu) and
-every constant with its source (rcgrpo.training.plan). A config that does not fit exits 2 with
-one line saying what to change (`--table` prints the breakdown before it).
+every constant with its source (rcgrpo.training.plan): measured where a `--calibration` file
+(scripts/gpu_day_one.sh) holds a measurement, assumed elsewhere. A config that does not fit
+exits 2 with one line saying what to change (`--table` prints the breakdown before it).
 
     rcgrpo plan --profile qwen2.5-7b-instruct --preset paper --gpus 8 --gpu-memory 80
     rcgrpo plan --profile qwen2.5-7b-instruct --preset paper --gpus 1 --gpu-memory 24   # exit 2
     rcgrpo plan --profile qwen-shape --set rl.max_tokens_per_micro_batch=8192
     rcgrpo plan --measure    # the per-layer figures: one full-width layer per profile, CPU
+    rcgrpo plan --preset paper --profile qwen2.5-7b-instruct --calibration DIR/calibration.json
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ def plan(
         "", help="h100 | h200 | a100 | l4 (default: by --gpu-memory, else h100)"
     ),
     mfu: float = typer.Option(0.0, help="model FLOPs utilisation of the update (default 0.35)"),
+    calibration: str = typer.Option(
+        "", help="a calibration.json (scripts/gpu_day_one.sh): its measurements replace the assumed"
+    ),
     sampled_share: float = typer.Option(0.0, help="sampled share of a micro-batch (default 0.033)"),
     table: bool = typer.Option(False, help="print the breakdown also when it does not fit"),
     measure: bool = typer.Option(
@@ -104,6 +109,7 @@ def plan(
         path = write(measure_all((profile,) if profile else PROFILES, merge=bool(profile)))
         typer.echo(f"wrote {path}")
         return
+    from rcgrpo.training.plan import calibration as cal
     from rcgrpo.training.plan import constants
     from rcgrpo.training.plan.render import render
     from rcgrpo.training.plan.report import check, make_plan
@@ -111,7 +117,7 @@ def plan(
 
     cfg = resolve(preset, set_, profile)
     spec, memory = pick_gpu(gpu, gpu_memory)
-    mfu = mfu or constants.MFU
+    assumed = cal.load(calibration) if calibration else cal.ASSUMED
     result = make_plan(
         cfg["model"],
         cfg["rollout"],
@@ -122,11 +128,12 @@ def plan(
         spec,
         memory,
         sampled_share or constants.SAMPLED_SHARE,
-        mfu,
+        mfu or None,
+        assumed,
     )
     result.head.append(f"preset {cfg['preset']}, fine-tuning stage {cfg['stage']}")
     result.head.append(stage_gpus(cfg, gpus))
-    result.head += gpu0_by_stage(cfg, result, memory * constants.PHYSICAL_PER_GB)
+    result.head += gpu0_by_stage(cfg, result, memory * constants.PHYSICAL_PER_GB, assumed)
     if not result.problems or table:
-        typer.echo(render(result, mfu))
+        typer.echo(render(result))
     check(result)  # NoFit: `error: <what to change>`, exit 2 (rcgrpo.cli.main)

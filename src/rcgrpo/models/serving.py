@@ -8,7 +8,12 @@ file lock (the first rank to ask writes it, the local ranks after it wait and re
 every later engine of the run (RL's ranks, the evaluations) whose rows are the same serves the
 same folder. The folder lives under the run's output (`served_bases`, entered by `rcgrpo run`,
 sets RCGRPO_SERVED_DIR for the stages and their torchrun ranks) and is removed when the run
-ends; an engine outside a run exports into its own working folder, removed when it closes.
+ends. Every node's torchrun agent (rcgrpo.tracking.stage.launch: node 0 of `rcgrpo run`, a
+joining node of `--nnodes`, `rcgrpo stage STAGE --procs N`) runs its ranks inside
+`node_bases()`: the run's folder when there is one, else a folder of this node's own for that
+launch, so the ranks of a node share one export (a rank of a joining node used to export its own
+15 GB base). An engine outside any of these exports into its own working folder, removed when
+it closes.
 
     .venv/bin/pytest tests/test_lifecycle.py -q -k export
 """
@@ -20,6 +25,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +49,12 @@ def base_key(policy) -> str:
         if rows is not None:
             h.update(rows.float().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def base_for(policy, own: Path) -> Path:
+    """The served base an engine of `policy` serves: the run's or node's shared one (a LoRA
+    policy's, under RCGRPO_SERVED_DIR), else one exported under the engine's own folder `own`."""
+    return shared_base(policy, served_root() or own)
 
 
 def shared_base(policy, root: Path) -> Path:
@@ -77,3 +89,13 @@ def served_bases(folder: str | Path) -> Iterator[Path]:
             os.environ.pop(SERVED_ENV, None)
         else:
             os.environ[SERVED_ENV] = old
+
+
+def node_bases() -> contextlib.AbstractContextManager:
+    """For a launch of ranks on this node: the run's folder of served bases when one is set,
+    else `served_bases` on outputs/served-<host>-<pid> (host: nodes may share outputs/)."""
+    if served_root() is not None:
+        return contextlib.nullcontext(served_root())
+    from rcgrpo.runtime import project_root
+
+    return served_bases(project_root() / "outputs" / f"served-{socket.gethostname()}-{os.getpid()}")

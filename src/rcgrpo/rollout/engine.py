@@ -62,6 +62,7 @@ class Engine:
         self.in_flight_max = 0  # most episodes in flight at once in the last rollout
         self.last_stats: dict[str, float] = {}  # the last rollout's engine metrics
         self._count = threading.Lock()  # the running counts, updated from many threads
+        self._ticks: list = []  # watch(): called on every reply (a rank's heartbeat)
 
     def generate(
         self, prompts: list[list[int]], max_new: list[int], seeds: list[int], episodes=None
@@ -73,6 +74,24 @@ class Engine:
     def sync(self, policy) -> None:
         """Serve the weights of `policy` from now on (call after every optimizer step)."""
         raise NotImplementedError
+
+    def score(self, ids: list[int]) -> list[list[float]]:
+        """log p(ids[t] | ids[:t]) for t = 1 .. n-1 at temperature 1, as the engine serves the
+        policy now, one list per replica that serves it (each vLLM server): what the sync probe
+        compares with the trainer's (rcgrpo.training.grpo.sync_probe)."""
+        raise NotImplementedError
+
+    def watch(self, tick) -> None:
+        """Call tick() on every reply of the model from now on (any thread): a launched rank's
+        heartbeat sees a rollout progress whether or not its own model runs the forwards."""
+        self._ticks.append(tick)
+
+    def replied(self, sample: Sample) -> None:
+        """One message came back (every scheduler calls this): counted, and the watchers ticked."""
+        with self._count:
+            self.generated_tokens += len(sample.ids)
+        for tick in self._ticks:
+            tick()
 
     def finished(self, ids: list[int], episode: int | None = None) -> None:
         """An episode of the running rollout is over, `ids` its final sequence: an engine that

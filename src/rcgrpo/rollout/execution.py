@@ -1,6 +1,6 @@
 """Where rollouts run: in this process (`local`, the default) or on Ray workers (`ray`).
 
-The one module that imports ray (only when execution.backend is "ray"). On Ray a rollout call is
+The module that drives ray (only when execution.backend is "ray"). On Ray a rollout call is
 cut into shards of `shard_size` episodes (whole GRPO groups in RL), one per worker at a time;
 each episode keeps its index in the whole call (Engine.rollout's first_index), so its sampling
 seeds do not depend on which shard or worker runs it. The local backend runs the whole call in
@@ -9,9 +9,9 @@ no shard waits for the one before it. Ray and local then give the same ids and r
 engine's log-probs can differ in the last bits (another batch composition, other matmul sizes),
 which is why tests/test_execution.py compares them to 1e-5.
 
-Ray workers are actors (`RolloutWorker`) that build their own policy and engine from what is
-sent (ModelConfig, model path, RolloutConfig; task ids; for RL the trainable weights of the
-current step as one object-store entry): nothing live or unpicklable crosses. A worker that dies
+Ray workers are actors (`RolloutWorker`, rollout/ray_worker.py) that build their own policy and
+engine from what is sent (ModelConfig, model path, RolloutConfig; task ids; for RL the trainable
+weights of the current step as one object-store entry): nothing live or unpicklable crosses. A worker that dies
 is restarted by Ray (max_restarts) and its shard retried (max_task_retries); results are
 gathered by shard index, so nothing is lost or duplicated.
 
@@ -27,7 +27,6 @@ record per shard; the stage stays one Prefect task and one MLflow run, tagged wi
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
@@ -111,7 +110,8 @@ def trainable_state(model) -> dict:
     return {k: p.detach().cpu().clone() for k, p in model.named_parameters() if p.requires_grad}
 
 
-def _load(spec: RolloutSpec):
+def load(spec: RolloutSpec):
+    """(policy, engine) of a RolloutSpec, in a Ray worker's process."""
     from rcgrpo.models.loading import load_policy
     from rcgrpo.runtime import apply_defaults
 
@@ -120,25 +120,45 @@ def _load(spec: RolloutSpec):
     return policy, make_engine(spec.rollout, policy)
 
 
-def run_shard(engine, task_ids, tokens, protocol, seed, first_index):
-    """(rollouts, the engine's metrics) of one shard."""
-    from rcgrpo.bfcl.tasks import get_task
-
-    tasks = [get_task(t) for t in task_ids]
-    out = engine.rollout(tasks, list(tokens), protocol, seed, first_index=first_index)
-    return out, dict(engine.last_stats)
-
-
 class ShardedEngine:
-    """The Engine interface (rollout, sync) in this process (one call, no shards) or over
-    shards on Ray workers."""
+    """The Engine interface (rollout, sync, score, watch, cfg) in this process (one call, no
+    shards) or over shards on Ray workers. What the trainer reads of an engine (its resolved
+    `cfg`: budgets, concurrency; its progress) is the real engine's, never a default."""
 
-    logprobs_temperature = 1.0  # its shards are Engines (hf or vllm): Engine.logprobs_temperature
-
-    def __init__(self, local_engine=None, actors=None, group: int = 1, shard_size: int = 16):
+    def __init__(
+        self, local_engine=None, actors=None, group: int = 1, shard_size: int = 16, cfg=None
+    ):
         self.local, self.actors, self.group, self.size = local_engine, actors, group, shard_size
         self.weights, self.version = None, 0
         self.shard_stats: list[dict] = []  # Ray: each shard's engine metrics, last call
+        self.ticks: list = []  # Ray: watch()'s callbacks, ticked as each shard comes back
+        self._cfg = cfg  # Ray: the workers' RolloutConfig, resolved for the policy
+
+    @property
+    def cfg(self):
+        """The RolloutConfig the engine runs under, its token limits resolved (Engine.cfg)."""
+        return self.local.cfg if self.local is not None else self._cfg
+
+    @property
+    def logprobs_temperature(self) -> float | None:
+        """The local engine's (Engine.logprobs_temperature); Ray workers run hf or vllm: 1."""
+        return self.local.logprobs_temperature if self.local is not None else 1.0
+
+    def watch(self, tick) -> None:
+        """tick() on every reply of the local engine, or on every shard back from Ray."""
+        if self.local is not None:
+            return self.local.watch(tick)
+        self.ticks.append(tick)
+
+    def score(self, ids: list[int]) -> list[list[float]]:
+        """Engine.score: the local engine's replicas, or every Ray worker at the latest weights."""
+        if self.local is not None:
+            return self.local.score(ids)
+        import ray
+
+        weights = [self.weights]
+        calls = [a.score.remote(ids, self.version, weights) for a in self.actors]
+        return [lp for per_worker in ray.get(calls) for lp in per_worker]
 
     def close(self) -> None:
         """Close the local engine (its servers, tool workers); Ray actors end with the session."""
@@ -178,46 +198,16 @@ class ShardedEngine:
         pool = ActorPool(self.actors)
         args = [(ids[s:e], reward_tokens[s:e], protocol, seed, at + s) for s, e in bounds]
         weights = [self.weights]  # nested: resolved by the worker only when its version is old
-        parts = list(pool.map(lambda a, x: a.rollout.remote(*x, self.version, weights), args))
+        parts = []
+        for part in pool.map(lambda a, x: a.rollout.remote(*x, self.version, weights), args):
+            parts.append(part)
+            for tick in self.ticks:  # a shard came back: progress
+                tick()
         self.shard_stats = [stats for _, stats in parts]
         out = [r for part, _ in parts for r in part]
         if [r.task_id for r in out] != ids:
             raise RuntimeError("sharded rollout lost or duplicated episodes")
         return out
-
-
-class RolloutWorker:
-    """A Ray actor: one policy + engine, built from a RolloutSpec; serves shards."""
-
-    def __init__(self, spec: RolloutSpec, env=None):
-        if env is not None:  # the run's `env:` section, for this worker's tool sandboxes
-            from rcgrpo.bfcl import sandbox
-
-            sandbox.use(env)
-        self.policy, self.engine = _load(spec)
-        self.version, self.busy = 0, False
-
-    def rollout(self, task_ids, tokens, protocol, seed, first_index, version=0, weights=None):
-        if version != self.version and weights and weights[0] is not None:
-            import ray
-            import torch
-
-            state = ray.get(weights[0])
-            with torch.no_grad():
-                for name, p in self.policy.model.named_parameters():
-                    if name in state:
-                        p.copy_(state[name])
-            self.engine.sync(self.policy)
-            self.version = version
-        self.busy = True
-        try:
-            return run_shard(self.engine, task_ids, tokens, protocol, seed, first_index)
-        finally:
-            self.busy = False
-
-    def state(self) -> tuple[int, bool]:
-        """(pid, busy): answered from the control thread even while a shard runs."""
-        return os.getpid(), self.busy
 
 
 class Backend:
@@ -230,11 +220,15 @@ class Backend:
             local = local_engine or make_engine(spec.rollout, policy)
             return ShardedEngine(local, group=group, shard_size=self.cfg.shard_size)
         cfg, ray = self.cfg, self.ray
+        from rcgrpo.rollout.ray_worker import RolloutWorker
 
         class Worker(RolloutWorker):  # state() answers from its own thread while a shard runs
             @ray.method(concurrency_group="control")
             def state(self):
                 return RolloutWorker.state(self)
+
+            def build(self, spec):
+                return load(spec)
 
         cls = ray.remote(concurrency_groups={"control": 1})(Worker)
         opts = dict(
@@ -249,7 +243,8 @@ class Backend:
         env = configured()  # the run's `env:` travels with each actor, not in an env var
         actors = [cls.options(**opts).remote(spec, env) for _ in range(cfg.workers)]
         self.actors += actors
-        return ShardedEngine(actors=actors, group=group, shard_size=cfg.shard_size)
+        resolved = spec.rollout.for_policy(policy)  # what each worker's engine runs under
+        return ShardedEngine(actors=actors, group=group, shard_size=cfg.shard_size, cfg=resolved)
 
     def worker_states(self) -> list[tuple[int, bool]]:
         return self.ray.get([a.state.remote() for a in self.actors])

@@ -5,8 +5,10 @@ Why: vLLM 0.32 refuses to start when the GPU's free memory is below gpu_memory_u
 total ("Free memory on device ... less than desired GPU memory utilization"), and anything else
 resident there counts against it: another stage's process, a trainer beside its server, a
 process outside the project. A share the GPU cannot give is lowered to what it can, and said.
-Why `MARGIN_GIB`: vLLM takes its own CUDA context and non-torch memory before it checks (the
-plan assumes 1.0 GB for it: training/plan/constants.VLLM_CONTEXT_GB); assumed, not measured.
+Why `MARGIN_GIB`: vLLM's own CUDA context exists before it measures free memory, outside its
+share (the plan assumes 0.5 GB per context, training/plan/constants.CUDA_CONTEXT_GB, until a
+calibration.json measures it), and another process may allocate between this reading and
+vLLM's: 1 GiB, assumed, not measured.
 Why a short-lived probe process: mem_get_info creates a CUDA context (~0.5 GB) that would stay
 on every GPU asked about for the life of this process (a data or evaluation stage holds none).
 

@@ -135,6 +135,19 @@ class HFEngine(Engine):
         # once; a different Policy object (e.g. reloaded from disk) replaces it.
         self.policy = policy
 
+    @torch.no_grad()
+    def score(self, ids: list[int]) -> list[list[float]]:
+        """Engine.score: one forward of the model it samples from (one replica)."""
+        model = self.policy.model
+        was_training = model.training
+        model.eval()
+        try:
+            x = torch.tensor([ids], device=next(model.parameters()).device)
+            logits = model(input_ids=x).logits[0, :-1].float()  # (n-1, V)
+        finally:
+            model.train(was_training)
+        return [token_logprob(logits, x[0, 1:]).tolist()]
+
     def rollout(self, *args, **kwargs):
         # K/V are reused only inside one rollout: the weights cannot change there, while between
         # rollouts an optimizer step updates this very model in place (stale K/V, silently).

@@ -56,7 +56,7 @@ def lockstep(engine, loops: list[AgentLoop], seed: int, first_index: int) -> Non
                 episodes=[first_index + i for i in batch],
             )
             for i, sample in zip(batch, samples, strict=True):
-                engine.generated_tokens += len(sample.ids)
+                engine.replied(sample)
                 loops[i].feed(sample.ids, sample.logprobs)
                 steps[i] += 1
                 if loops[i].pending() is None:
@@ -233,7 +233,7 @@ class RoundBatcher:
                         r[4].done.set()
                     continue
                 for r, sample in zip(rows, samples, strict=True):
-                    engine.generated_tokens += len(sample.ids)
+                    engine.replied(sample)
                     r[4].value = sample
                     r[4].done.set()
 
@@ -253,8 +253,7 @@ class DirectClient:
 
     def __call__(self, prompt: list[int], max_new: int, seed: int, episode: int):
         sample = self.engine.request(prompt, max_new, seed, episode)
-        with self.engine._count:
-            self.engine.generated_tokens += len(sample.ids)
+        self.engine.replied(sample)
         return sample
 
     def finished(self, ids: list[int], episode: int) -> None:

@@ -12,8 +12,8 @@ HF engine's; sampled ids differ (another sampler), each reproducible for a fixed
 Weights (`sync`, after every optimizer step), never a restart per RL step:
 - LoRA policy: the adapter is written as version N (`adapter-vN/`), loaded at runtime with
   `POST /v1/load_lora_adapter` (VLLM_ALLOW_RUNTIME_LORA_UPDATING) on every server, later
-  requests name it, version N-1 is unloaded. Its name is `policy-vN-<128 random bits>`: none
-  another process could guess. vLLM 0.32 takes no embedding rows through an adapter (its
+  requests name it, version N-1 is unloaded. Its name is `policy-vN-<hash of its contents>`
+  (rollout/vllm_served.py: a name never serves two contents). vLLM 0.32 takes no embedding rows through an adapter (its
   LoRA extra-vocab support is gone), so the two reward-token rows, which peft's
   `trainable_token_indices` would train, are **frozen while this engine serves the policy**
   (requires_grad off at construction: the optimizer skips them); they stay as fine-tuning left
@@ -40,7 +40,6 @@ loads) or rollout (the current adapter is loaded again after a wake-up).
 from __future__ import annotations
 
 import atexit
-import secrets
 import shutil
 import tempfile
 import time
@@ -56,6 +55,7 @@ from rcgrpo.rollout.engine import Engine, Sample
 from rcgrpo.rollout.router import Router, gpu_of, visible_gpus
 from rcgrpo.rollout.scheduler import Clock, DirectClient
 from rcgrpo.rollout.vllm_args import each_server_args
+from rcgrpo.rollout.vllm_served import adapter_name, prompt_logprobs
 from rcgrpo.rollout.vllm_server import VLLMServer
 from rcgrpo.rollout.vllm_venv import cuda
 
@@ -117,13 +117,13 @@ class VLLMEngine(Engine):
 
     def _start(self, policy) -> None:
         from rcgrpo.models.export import export_for_serving, reward_rows
-        from rcgrpo.models.serving import served_root, shared_base
+        from rcgrpo.models.serving import base_for
 
         self._stop_servers()
         cfg = self.cfg
         devices = self.server_devices()  # before the export: a bad config fails fast
-        if policy.is_lora:  # one served base per run (models.serving), else this engine's own
-            self.base = shared_base(policy, served_root() or self.workdir / "served")
+        if policy.is_lora:  # one served base per run or node (models.serving), else its own
+            self.base = base_for(policy, self.workdir / "served")
         else:
             self.base = export_for_serving(policy, self.workdir / "base")
         self.served_rows = reward_rows(policy)
@@ -177,8 +177,8 @@ class VLLMEngine(Engine):
         from rcgrpo.models.export import export_lora
 
         self.version += 1
-        name, old = f"policy-v{self.version}-{secrets.token_hex(16)}", self.model_name
         path = export_lora(policy, self.workdir / f"adapter-v{self.version}")
+        name, old = adapter_name(self.version, path), self.model_name
         body = {"lora_name": name, "lora_path": str(path)}
         on_all(self.servers, lambda s: s.post("/v1/load_lora_adapter", body))
         self.model_name = name
@@ -207,6 +207,11 @@ class VLLMEngine(Engine):
             self._start(policy)
             self.version += 1
         self.sync_seconds.append(time.perf_counter() - t0)
+
+    def score(self, ids: list[int]) -> list[list[float]]:
+        """Engine.score on every server, under the name the rollouts' requests use."""
+        self._wake(reload=True)
+        return on_all(self.servers, lambda s: prompt_logprobs(s, self.model_name, ids))
 
     # -- sleep mode (colocated with training) ----------------------------------------------------
     def _wake(self, reload: bool) -> None:

@@ -161,13 +161,16 @@ def launch(
     if procs * rc.plan.nodes == 1:
         run_stage_process(stage, rc, run_id, args)
     else:
+        from rcgrpo.models.serving import node_bases
+
         torchrun = [sys.executable, "-m", "torch.distributed.run", *_rendezvous(rc, node_rank)]
         torchrun += ["--nproc_per_node", str(procs)]
         # torchrun leaves a torchelastic_* folder in TMPDIR per launch: this node's own, removed
         tmp = Path(cfg.out_dir) / f".torchrun-{socket.gethostname()}-{os.getpid()}"
         tmp.mkdir(parents=True, exist_ok=True)
-        try:
-            run_stage_process(stage, rc, run_id, args, torchrun, {"TMPDIR": str(tmp)})
+        try:  # the node's ranks serve one base export between them (models.serving)
+            with node_bases():
+                run_stage_process(stage, rc, run_id, args, torchrun, {"TMPDIR": str(tmp)})
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     final = Path(cfg.out_dir) / "final"

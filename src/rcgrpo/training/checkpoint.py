@@ -92,7 +92,12 @@ def set_rng_state(state: dict) -> None:
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    """The trainable weights, copied straight to host memory: RL's rank 0 saves right after
+    the weight sync has woken its vLLM server, so a copy on the GPU would sit beside the
+    server's share on GPU 0 (15 GB for a full fine-tune of a 7B)."""
+    return {
+        n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad
+    }
 
 
 def save(
@@ -138,7 +143,7 @@ def save(
 def _write_failed(path: Path, e: Exception, model) -> CheckpointError:
     """One line for a checkpoint that could not be written, saying when the disk is full."""
     free = shutil.disk_usage(path.parent).free
-    weights = sum(t.nbytes for t in trainable_state(model).values())
+    weights = sum(p.nbytes for p in model.parameters() if p.requires_grad)
     full = getattr(e, "errno", None) == errno.ENOSPC or free < 3 * weights + 2**20
     why = "no space left on the disk" if full else "could not write"
     return CheckpointError(

@@ -11,13 +11,15 @@ Why progress and not just the beat: a rank blocked in Python (a hung tool call, 
 never answers, a sleep) keeps its beat thread alive, so a beat only proves the process exists. The
 main thread's progress is recorded where it is cheap: every forward of the model (a pre-hook on
 its input embeddings: each training micro-batch, each HF decode step), every phase change, and
-the rollout engine's running token counts (a vLLM server's replies), read by the beat thread. A
+every reply of the rollout engine (Engine.watch: the scheduler ticks on each message back, a vLLM
+server's included, whose forwards run in another process). A
 rank waiting for the others at a collective of ours (`waiting`) is not stalled; of the ranks that
 stopped, the one that stopped first is named (the others are waiting for it). A frozen process
 (no beat for `stall_s`) is named too.
 
-    hb = Heartbeat(out_dir, rank, world, every_s=30, stall_s=300, counters=engine_counts)
+    hb = Heartbeat(out_dir, rank, world, every_s=30, stall_s=300)
     hb.watch(model)               # ticks on every forward
+    engine.watch(hb.tick)         # ... and on every reply of the rollout engine
     hb.phase("rollout", step)     # ... "update", "sync", "save"
     with hb.waiting("gather"): ...
     hb.close()
@@ -32,7 +34,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 STALL_EXIT = 3  # the exit code of a run ended by the watcher
@@ -42,23 +43,13 @@ TEST_STALL_ENV = "RCGRPO_TEST_STALL"  # "RANK:PHASE:SECONDS": a fault injected b
 class Heartbeat:
     """This rank's beat thread (and on rank 0 the watcher); see the module docstring."""
 
-    def __init__(
-        self,
-        out_dir,
-        rank: int,
-        world: int,
-        every_s: float,
-        stall_s: float,
-        counters: Callable[[], object] | None = None,
-    ):
+    def __init__(self, out_dir, rank: int, world: int, every_s: float, stall_s: float):
         self.folder = Path(out_dir) / "heartbeat"
         self.folder.mkdir(parents=True, exist_ok=True)
         self.rank, self.world, self.every_s, self.stall_s = rank, world, every_s, stall_s
-        self.counters = counters or (lambda: None)
         now = time.time()
         self.state = {"rank": rank, "pid": os.getpid(), "step": 0, "phase": "start"}
         self.state |= {"since": now, "progress": now, "waiting": False}
-        self._seen = self.counters()
         self._hook = None
         self._stop = threading.Event()
         self._beat()
@@ -67,7 +58,8 @@ class Heartbeat:
 
     # -- the main thread ------------------------------------------------------------------------
     def tick(self, *_args) -> None:
-        """Progress (a forward pass, a phase change): one float written, nothing else."""
+        """Progress (a forward pass, an engine's reply, a phase change): one float written,
+        nothing else (any thread)."""
         self.state["progress"] = time.time()
 
     def watch(self, model) -> None:
@@ -102,9 +94,6 @@ class Heartbeat:
 
     # -- the thread -------------------------------------------------------------------------------
     def _beat(self) -> None:
-        seen = self.counters()
-        if seen != self._seen:  # the engine moved (a reply of the rank's vLLM server)
-            self._seen, self.state["progress"] = seen, time.time()
         path = self.folder / f"rank_{self.rank}.json"
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps({**self.state, "time": time.time()}))
@@ -164,20 +153,21 @@ def _injected_stall(rank: int, phase: str) -> None:
 
 
 def for_rank(cfg, ranks, engine, model) -> Heartbeat | None:
-    """Under a launcher: an RL rank's Heartbeat (progress: the model's forwards, the engine's
-    token counts); waits at the rollouts' gather are not stalls. Else None (launched ranks only:
-    a stalled one is named)."""
+    """Under a launcher: an RL rank's Heartbeat (`follow`); else None (launched ranks only: a
+    stalled one is named)."""
     from rcgrpo.training import distributed
 
     if not distributed.launched() or not cfg.heartbeat_s:
         return None
+    hb = Heartbeat(cfg.out_dir, ranks.rank, ranks.world, cfg.heartbeat_s, cfg.stall_s)
+    return follow(hb, ranks, engine, model)
 
-    def engine_counts() -> tuple:  # a server engine's replies move these
-        return getattr(engine, "generated_tokens", 0), getattr(engine, "prompt_tokens", 0)
 
-    hb = Heartbeat(
-        cfg.out_dir, ranks.rank, ranks.world, cfg.heartbeat_s, cfg.stall_s, engine_counts
-    )
+def follow(hb: Heartbeat, ranks, engine, model) -> Heartbeat:
+    """hb's progress: the model's forwards and every reply of the rollout engine (the engine the
+    trainer holds: a ShardedEngine passes it to its own); waits at the ranks' collectives
+    (ranks.waiting) are not stalls."""
     hb.watch(model)
+    engine.watch(hb.tick)
     ranks.waiting = hb.waiting
     return hb

@@ -230,12 +230,14 @@ def run_sft(
     from rcgrpo.chat.record import check_task_ids, read_jsonl
     from rcgrpo.models.loading import load_policy, save_policy
     from rcgrpo.models.profiles import PROFILES
+    from rcgrpo.rollout import colocate
     from rcgrpo.training import distributed
     from rcgrpo.training.checkpoint import check_writable
 
     cfg = dataclasses.replace(cfg, max_len=cfg.max_len or PROFILES[model_cfg.profile].sft_max_len)
     check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
     records = check_task_ids(read_jsonl(cfg.data), cfg.data)  # before the model loads
+    colocate.trainer_allocator()  # before CUDA initialises: local_device's set_device does
     # under a launcher: this rank's GPU (cuda:LOCAL_RANK), bound before anything loads
     model_cfg = dataclasses.replace(model_cfg, device=distributed.local_device(model_cfg.device))
     policy = load_policy(model_cfg)

@@ -105,6 +105,13 @@ class RLConfig:
     engine_is_bound: float = ranged(
         0.01, "(0, 1)", "sequence: the geometric mean ratio's bound b (SkyRL: 0.99 .. 1.01)"
     )
+    sync_gap_max: float = ranged(
+        0.1,
+        "[0, inf)",
+        "after every weight sync the engine and the trainer score a fixed sequence; a mean "
+        "|log-prob gap| per token above this fails the step (0 = logged only) "
+        "(rcgrpo.training.grpo.sync_probe)",
+    )
     reward: Literal["paper", "bfcl"] = setting(
         "paper", "which checker's 0/1 is the training reward"
     )

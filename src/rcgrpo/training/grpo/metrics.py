@@ -24,8 +24,8 @@ def step_metrics(
     lr: float,
     step_seconds: float,
 ) -> dict:
-    """mask (B, T-1): the sampled tokens; gap: summed |engine - trainer| log-prob over them;
-    updates: the stats of each optimizer step (update.ppo_updates)."""
+    """mask (B, T-1): the sampled tokens; gap: the mean |engine - trainer| log-prob per sampled
+    token (update.engine_gap); updates: the stats of each optimizer step (update.ppo_updates)."""
     rewards, adv, G = step.rewards, step.advantages, cfg.group_size
     acc = {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
     gen_tokens = float(mask.sum())
@@ -41,7 +41,7 @@ def step_metrics(
         "rollout/adv_abs_mean": float(adv.abs().mean()),
         "rollout/zero_adv_frac": float((adv == 0).float().mean()),
         "rollout/response_tokens": gen_tokens / len(step.rollouts),
-        "rollout/logprob_gap": float(gap / mask.sum().clamp(min=1)),
+        "rollout/logprob_gap": float(gap),
         "loss/total": acc["total"],
         "loss/pg": acc["pg_loss"],
         "loss/kl": acc["kl"],

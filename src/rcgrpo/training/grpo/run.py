@@ -55,19 +55,18 @@ def rl_tags(cfg: RLConfig, model_cfg) -> dict[str, str]:
     }
 
 
-def run_rl(
+def build_trainer(
     cfg: RLConfig,
     model_cfg,
     rollout_cfg=None,
     log_metrics: LogMetrics | None = None,
-    log_artifact: Callable[[Path], None] | None = None,
-    resume: bool = False,
     backend=None,
     on_rollouts=None,
-) -> Path:
-    """Load the initial policy (cfg.start_path), train on the RL tasks, save <out_dir>/final.
-    on_rollouts: the Trainer's per-step rollout callback (episode traces), or None."""
-    from rcgrpo.models.loading import load_policy, save_policy
+) -> Trainer:
+    """The RL stage's Trainer: the initial policy (cfg.start_path) loaded on this rank's device,
+    its rollout engine (rollout_cfg; through `backend`, rcgrpo.rollout.execution, as the stage
+    runs it), the RL tasks. Every check that needs no model runs first (one line each)."""
+    from rcgrpo.models.loading import load_policy
     from rcgrpo.models.lora import freeze_reward_rows
     from rcgrpo.rollout import colocate
     from rcgrpo.rollout.config import RolloutConfig
@@ -94,11 +93,10 @@ def run_rl(
 
     check_writable(cfg.out_dir)  # before training: an unwritable out_dir fails in a second
     tasks = rl_tasks(cfg)  # before loading the model: a missing data file fails in a second
+    colocate.trainer_allocator()  # before CUDA initialises: set_device below does
     # under a launcher: this rank's GPU (cuda:LOCAL_RANK), bound before anything loads; the
     # rank then owns its engine on that device (its own vLLM server pinned to it)
     device = distributed.local_device(model_cfg.device)
-    if rollout_cfg.engine == "vllm":  # expandable segments in the trainer, never in vLLM
-        colocate.trainer_env()  # before CUDA's first allocation
     policy = load_policy(dataclasses.replace(model_cfg, device=device), adapter_path=start)
     freeze_reward_rows(policy)  # under every engine: see rl_tags
     engine = make_engine(rollout_cfg, policy, device=policy.config.device)
@@ -112,7 +110,7 @@ def run_rl(
 
         spec = RolloutSpec(model_cfg, str(start), rollout_cfg)
         engine = backend.engine(policy, spec, group=cfg.group_size, local_engine=engine)
-    trainer = Trainer(
+    return Trainer(
         policy,
         engine,
         tasks,
@@ -121,6 +119,25 @@ def run_rl(
         temperature=rollout_cfg.temperature,
         on_rollouts=on_rollouts,
     )
+
+
+def run_rl(
+    cfg: RLConfig,
+    model_cfg,
+    rollout_cfg=None,
+    log_metrics: LogMetrics | None = None,
+    log_artifact: Callable[[Path], None] | None = None,
+    resume: bool = False,
+    backend=None,
+    on_rollouts=None,
+) -> Path:
+    """Load the initial policy (cfg.start_path), train on the RL tasks, save <out_dir>/final.
+    on_rollouts: the Trainer's per-step rollout callback (episode traces), or None."""
+    from rcgrpo.models.loading import save_policy
+    from rcgrpo.training import distributed
+
+    trainer = build_trainer(cfg, model_cfg, rollout_cfg, log_metrics, backend, on_rollouts)
+    policy, engine, tasks = trainer.policy, trainer.engine, trainer.tasks
     trainer.out.mkdir(parents=True, exist_ok=True)
     (trainer.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
     (trainer.out / "tasks.json").write_text(json.dumps([t.id for t in tasks], indent=1))

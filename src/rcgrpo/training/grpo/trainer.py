@@ -9,7 +9,7 @@ reference log-probs once, with no grad; then `inner_epochs` passes of the PPO-cl
 k3 KL to the frozen initial model, each pass split into mini-batches of `mini_batch_size`
 rollouts, one optimizer step each (verl's ppo_mini_batch_size; from the second update on,
 ratio != 1 and the clip acts); then `engine.sync(policy)` so the next rollouts come from the
-new weights.
+new weights, and a probe checks that the engine serves them (sync_probe.py).
 
 Every random draw of step s comes from generators seeded by (seed, s), and checkpoints hold the
 weights, optimizer, scheduler and RNG states, so `resume` reproduces on the CPU the metrics of a
@@ -42,6 +42,7 @@ from rcgrpo.training.forward import packs
 from rcgrpo.training.grpo import engine_is, group_filter, rollouts, update
 from rcgrpo.training.grpo.config import RLConfig
 from rcgrpo.training.grpo.metrics import step_metrics
+from rcgrpo.training.grpo.sync_probe import SyncProbe
 from rcgrpo.training.heartbeat import for_rank
 from rcgrpo.training.optim import adamw
 
@@ -108,6 +109,9 @@ class Trainer:
             self.model, self.optimizer, self.params, self._timeout_s()
         )
         self.heartbeat = for_rank(self.cfg, self.ranks, self.engine, self.model)
+        # every engine of the project scores (Engine.score); a test's stand-in may not
+        has_score = hasattr(engine, "score")
+        self.probe = SyncProbe(policy, self.model, cfg.sync_gap_max) if has_score else None
         self.rolled_out: list[int] = []  # rollouts this rank sampled, per step
         tok = getattr(policy, "tokenizer", None)
         self.pad_id = getattr(tok, "pad_token_id", None) or 0
@@ -180,14 +184,16 @@ class Trainer:
         # pi_old and the reference sharded like the update (update.first_pass_share), then
         # summed over the ranks (later passes reshuffle the micro-batches between ranks)
         mine = update.first_pass_share(self.ranks, batch, passes)
+        anchors = update.anchor_share(cfg, self.ranks, batch, passes)  # pi_old forwards
         ref_fn = self._ref_logprobs if use_ref else None
         self._phase("update", step)
-        recompute = cfg.behaviour_logprobs == "recompute"  # engine: no pi_old forward
         old, ref, gap = update.behaviour_logprobs(
-            self.model, batch, mine, self._logprobs, self.temperature, ref_fn, recompute
+            self.model, batch, mine, self._logprobs, self.temperature, ref_fn, anchors
         )
+        first = None  # engine: the trainer's pre-step log p, completed by the first pass
+        if cfg.behaviour_logprobs == "engine":
+            first, old = old, None  # this rank's rows: ppo_updates sums them over the ranks
         old, ref, gap = self.ranks.merge(old, ref, gap)
-        first = None if recompute else torch.zeros_like(batch.mask)  # the first pass's log p
         self.rolled_out.append(out.own)
         lr = self.scheduler.get_last_lr()[0]  # one lr per RL step: warmup counts RL steps
         self.updates = update.ppo_updates(  # per optimizer step, for inspection
@@ -206,11 +212,12 @@ class Trainer:
         self.scheduler.step()
         self._phase("sync", step)
         self.engine.sync(self.policy)
-        gap, corrected = update.engine_gap(cfg, batch, old, first, gap)  # + rl.engine_is's
+        synced = self.probe(self.engine, step) if self.probe is not None else {}  # sync/*
+        gap, corrected = update.engine_gap(cfg, batch, old, first, gap, passes)  # + engine_is
         metrics = step_metrics(
             cfg, out, batch.mask, gap, self.updates, lr, time.perf_counter() - t0
         )
-        metrics |= corrected
+        metrics |= corrected | synced
         fwd = shared_prefix.forward_metrics(batch.ids, lengths, passes, packed, self.shared)
         # + pad_frac, micro-batches, computed tokens (shared or not); with a filter, reward/* are
         # the first draw's
@@ -258,6 +265,8 @@ class Trainer:
         """Run to cfg.steps (or stop after step `stop_after`, for tests); returns new metrics."""
         self.out.mkdir(parents=True, exist_ok=True)
         self.resume(resume)
+        if self.probe is not None:  # the engine serves the starting (or resumed) policy
+            self.probe(self.engine, self.step)
         self._trim_metrics()
         history = []
         last = self.cfg.steps if stop_after is None else min(stop_after, self.cfg.steps)

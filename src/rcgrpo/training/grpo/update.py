@@ -4,10 +4,13 @@ mini-batches, one optimizer step each (verl's ppo_mini_batch_size).
 pi_old (`rl.behaviour_logprobs: recompute`) is computed ONCE per batch, before any update, with
 the weights the engine sampled from (in eval mode, as the engine samples); same micro-batches as
 the first update, so its forwards are bit-identical (ratio exactly 1); from the second update on
-the ratio leaves 1 and the clip acts. With `engine` there is no pi_old forward: pi_old is the
-engine's log-probs (verl's bypass mode), or, with `rl.engine_is` on, the first pass's own
-detached log-probs, the engine's being the behaviour policy of the importance weight (verl's
-decoupled mode, the first pass standing in for the pi_old forward: rcgrpo.training.grpo.engine_is).
+the ratio leaves 1 and the clip acts. With `engine` pi_old is the engine's log-probs (verl's
+bypass mode), or, with `rl.engine_is` on, the trainer's own log-probs before any optimizer step,
+the engine's being the behaviour policy of the importance weight (verl's decoupled mode): the
+first mini-batch's come from its own first forward (no step has run yet), those of every later
+mini-batch of the first pass from a no-grad forward before the first step, since by its turn
+1..M-1 steps have moved the weights (`anchor_share`). The engine gap (rollout/logprob_gap) is
+measured on log-probs of the sampled weights only (`engine_gap`).
 A micro-batch is an index tensor into the step's padded batch (B, T); its forward computes
 only its own width, the longest of its members (`width`), not the batch's T: with
 token-budget micro-batches (core_algos.minibatch_indices, rcgrpo.training.batching) a
@@ -91,24 +94,45 @@ def logprobs(model, ids, attn, mask, temperature: float = 1.0):
     return scatter(logp, where), sampled, where
 
 
-def first_pass_share(ranks, batch: Batch, passes) -> list[torch.Tensor]:
-    """This rank's micro-batches (index tensors) of the first pass, the zero-weight padding
-    left out: pi_old and the reference run the same forwards as the first update (ratio
-    exactly 1)."""
-    rows = [[balance.padded_rows(batch.attn, c) for c in mini] for mini in passes[0]]
-    shares = (ranks.share(mini, r) for mini, r in zip(passes[0], rows, strict=True))
+def first_pass_share(ranks, batch: Batch, passes, start: int = 0) -> list[torch.Tensor]:
+    """This rank's micro-batches (index tensors) of the first pass's mini-batches start..M-1,
+    the zero-weight padding left out: pi_old and the reference run the same forwards as the
+    first update (ratio exactly 1)."""
+    minis = passes[0][start:]
+    rows = [[balance.padded_rows(batch.attn, c) for c in mini] for mini in minis]
+    shares = (ranks.share(mini, r) for mini, r in zip(minis, rows, strict=True))
     return [c for share in shares for c, w in share if w]
 
 
-def engine_gap(cfg: RLConfig, batch: Batch, old, first, gap):
-    """The summed |engine - trainer| log-prob gap over the sampled tokens (behaviour_logprobs',
-    or with `rl.behaviour_logprobs: engine` the first pass's: `first` (B, T-1), old None) and
-    the step's rollout/engine_is_* metrics (engine_is.metrics, {} without rl.engine_is)."""
+def anchor_share(cfg: RLConfig, ranks, batch: Batch, passes) -> list[torch.Tensor]:
+    """The micro-batches (this rank's) whose pi_old a no-grad forward computes before the first
+    optimizer step: all of the first pass with `recompute`; with `engine` and rl.engine_is on,
+    those of the mini-batches after the first (the first's come from its own forward); none in
+    verl's bypass mode (`engine`, rl.engine_is none: pi_old is the engine's)."""
+    if cfg.behaviour_logprobs == "recompute":
+        return first_pass_share(ranks, batch, passes)
+    if cfg.engine_is == "none":
+        return []
+    return first_pass_share(ranks, batch, passes, start=1)
+
+
+def engine_gap(cfg: RLConfig, batch: Batch, old, first, gap, passes):
+    """The mean |engine - trainer| log-prob gap per sampled token and the step's
+    rollout/engine_is_* metrics (engine_is.metrics, {} without rl.engine_is). With `recompute`
+    the trainer's are pi_old (`gap`: behaviour_logprobs' sum over the batch). With `engine`
+    (old None) they are `first` (B, T-1): taken before any optimizer step on every row with
+    rl.engine_is on, else on the first mini-batch's rows only (the others' first forward ran
+    after 1..M-1 steps: their gap would mix in the policy's own drift), so the gap is over those."""
     trainer = old if first is None else first  # (B, T-1) pi_old as the trainer computes it
+    mask = batch.mask
     if first is not None:
-        gap = ((batch.sampled_logp - first).abs() * batch.mask).sum()
+        if cfg.engine_is == "none":  # the rows of the first mini-batch of the first pass
+            rows = torch.zeros(mask.shape[0], 1, dtype=mask.dtype)
+            rows[torch.cat(passes[0][0])] = 1
+            mask = mask * rows
+        gap = ((batch.sampled_logp - first).abs() * mask).sum()
     args = (trainer, batch.sampled_logp, batch.mask, cfg.engine_is_cap, cfg.engine_is_bound)
-    return gap, engine_is.metrics(cfg.engine_is, *args)
+    return float(gap / mask.sum().clamp(min=1)), engine_is.metrics(cfg.engine_is, *args)
 
 
 @with_training_attention  # flash-attention where chosen; the engines keep the loaded one
@@ -120,32 +144,34 @@ def behaviour_logprobs(
     logprob_fn,
     temperature: float,
     ref_fn=None,
-    recompute: bool = True,
+    anchors=None,
 ):
-    """pi_old (B, T-1), the reference's (B, T-1) or None, and the summed |engine - trainer|
-    log-prob gap over sampled tokens, over `micro_batches` (index tensors), in eval mode.
+    """pi_old (B, T-1) on the rows of `anchors` (index tensors; None: all of `micro_batches`,
+    zeros elsewhere), the reference's (B, T-1) over `micro_batches` or None, and the summed
+    |engine - trainer| log-prob gap over the anchors' sampled tokens, in eval mode.
     logprob_fn(model, ids, attn, mask) -> `logprobs` at the sampling temperature;
     ref_fn(ids, attn, mask) -> the reference's log-probs of one micro-batch (None: no KL).
-    recompute False (`rl.behaviour_logprobs: engine`): no pi_old forward, pi_old None and the
-    gap 0 (ppo_updates' first pass has the trainer's log-probs)."""
+    anchors: which micro-batches need a pi_old forward (`anchor_share`)."""
     ids, attn, mask = batch.ids, batch.attn, batch.mask
-    old = torch.zeros_like(mask) if recompute else None  # (B, T-1)
+    old = torch.zeros_like(mask)  # (B, T-1)
     ref = torch.zeros_like(mask) if ref_fn is not None else None
     gap = torch.zeros(())  # sum over sampled tokens of |engine log p - trainer log p|
     model.eval()
-    for c in micro_batches:
+    for c in micro_batches if anchors is None else anchors:
         cols = width(attn, c)  # (b, cols) inputs, (b, cols-1) targets
         x, a, m = ids[c, :cols], attn[c, :cols], mask[c, : cols - 1]
-        if old is not None:
-            mine, sampled, where = logprob_fn(model, x, a, m)  # on the model's device
-            dev = mine.device
-            old[c, : cols - 1] = mine.to(old.device)
-            if temperature != 1.0:
-                mine = scatter(sampled.logp1, where)  # the engine's log-probs are at T = 1
-            engine = batch.sampled_logp[c, : cols - 1].to(dev)
-            gap += ((engine - mine).abs() * m.to(dev)).sum().cpu()
-        if ref is not None:
-            ref[c, : cols - 1] = ref_fn(x, a, m).to(ref.device)
+        mine, sampled, where = logprob_fn(model, x, a, m)  # on the model's device
+        dev = mine.device
+        old[c, : cols - 1] = mine.to(old.device)
+        if temperature != 1.0:
+            mine = scatter(sampled.logp1, where)  # the engine's log-probs are at T = 1
+        engine = batch.sampled_logp[c, : cols - 1].to(dev)
+        gap += ((engine - mine).abs() * m.to(dev)).sum().cpu()
+    for c in micro_batches if ref is not None else ():
+        cols = width(attn, c)
+        ref[c, : cols - 1] = ref_fn(ids[c, :cols], attn[c, :cols], mask[c, : cols - 1]).to(
+            ref.device
+        )
     return old, ref, gap
 
 
@@ -167,8 +193,10 @@ def ppo_updates(
     one optimizer step. Returns the stats of each optimizer step (token- or sequence-weighted
     means over the mini-batch, summed over ranks) with its grad_norm.
     old: the recomputed pi_old (B, T-1), or None (`rl.behaviour_logprobs: engine`, module
-    docstring); then `first` (B, T-1, zeros) is filled with the first pass's detached log-probs,
-    summed over the ranks. The `rl.engine_is` weight compares pi_old with the engine's.
+    docstring); then `first` (B, T-1) holds this rank's pre-step log-probs of the first pass's
+    later mini-batches (`anchor_share`; zeros without rl.engine_is), the first mini-batch's are
+    written from its own forward, and the whole is summed over the ranks. The `rl.engine_is`
+    weight compares pi_old with the engine's.
     logprob_fn(model, ids, attn, mask) -> `logprobs` at the sampling temperature (run inside
     the DDP wrapper)."""
     ids, attn, mask = batch.ids, batch.attn, batch.mask
@@ -187,7 +215,7 @@ def ppo_updates(
     model.train()
     updates: list[dict[str, float]] = []
     merged = first is None  # each rank fills its own rows of `first`, then they are summed
-    for p, mini in ((p, mini) for p, one_pass in enumerate(passes) for mini in one_pass):
+    for p, j, mini in ((p, j, mini) for p, one in enumerate(passes) for j, mini in enumerate(one)):
         if p == 1 and not merged:
             first.copy_(ranks.merge(first)[0])
             merged = True
@@ -202,9 +230,9 @@ def ppo_updates(
             # under accelerate: through the DDP/FSDP wrapper, all-reduced on the last one
             with ranks.syncing(i, len(mine)):
                 logp, sampled, where = ranks.forward(logprob_fn, ids[c, :cols], attn[c, :cols], m)
-                if first is not None and p == 0 and share:
+                if first is not None and p == j == 0 and share:  # before any step
                     first[c, : cols - 1] = logp.detach().to(first.device)
-                if lazy and p == 0:
+                if lazy and p == j == 0:
                     anchor = logp.detach()
                 else:
                     anchor = (first if lazy else old)[c, : cols - 1].to(dev)

@@ -188,9 +188,10 @@ LOGITS_SOURCE = "bench/memory.py: 4.0-4.3 fp32 copies of (N, V) at the peak (REA
 # median 99, p95 219, max 1,367. The p95 share: a micro-batch of episodes at their p95.
 SAMPLED_SHARE = 0.033
 SAMPLED_SOURCE = "800 ground truths replayed (qwen-shape tokenizer): p95 of the sampled share"
-# The memory outside PyTorch's allocator below (CUDA context, vLLM's context, NCCL) is assumed:
-# no GPU has run here. scripts/probe_contexts.py measures each on a GPU beside its assumed value
-# (scripts/gpu_update_probe.py runs it first); replace the value with the measurement.
+# The memory outside PyTorch's allocator below (CUDA context, vLLM's, NCCL) and the time model's
+# efficiencies are assumed: no GPU has run here. `scripts/gpu_day_one.sh --out DIR` measures what
+# one GPU box can (calibration.json) and `rcgrpo plan --calibration DIR/calibration.json` uses
+# it in their place (rcgrpo.training.plan.calibration).
 # Per process: the CUDA context and the caching allocator's slack, both assumptions: a CUDA
 # context with PyTorch's kernels loaded takes a few hundred MB to ~1 GB depending on the GPU
 # and libraries (0.5 GB here); the slack (fragmentation of the caching allocator) is taken as
@@ -201,8 +202,13 @@ ALLOCATOR_SLACK = 0.05
 # 7B model at the default max_num_batched_tokens (vLLM's startup log "model weights took ...,
 # non_torch_memory ..., PyTorch activation peak memory ..."); assumed 2 GB.
 VLLM_OVERHEAD_GB = 2.0
-# vLLM's own process: its CUDA context and non-torch memory, held even asleep; assumed 1 GB.
-VLLM_CONTEXT_GB = 1.0
+# vLLM's own process. Its CUDA context (CUDA_CONTEXT_GB, as any process's) exists before vLLM
+# takes the memory snapshot that gpu_memory_utilization is counted from (vllm/v1/worker/
+# gpu_worker.py init_device, then request_memory: util x total), so it lies OUTSIDE the share.
+# What vLLM allocates outside PyTorch after that snapshot (cuBLAS workspaces, attention
+# buffers; its profiler's non_torch_increase) is inside the share, and is held asleep too:
+# assumed 0.5 GB (with the context, the 1 GB once assumed for "context + non-torch").
+VLLM_NON_TORCH_GB = 0.5
 # NCCL's communicator buffers in each trainer process of a multi-GPU run (DDP's all-reduce):
 # per channel and peer NCCL_BUFFSIZE (4 MiB) and its proxies; assumed 0.5 GB.
 NCCL_GB = 0.5

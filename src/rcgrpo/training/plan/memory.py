@@ -4,7 +4,9 @@ Pure arithmetic over an architecture (constants.Arch), byte widths and token cou
 is a `Term(name, bytes, formula)` so the plan prints the formula beside the number. The terms
 are: frozen weights, LoRA + optimizer, the reference adapter, checkpointed
 activations and one recomputed layer at the micro-batch's tokens, logits at its sampled
-positions, and the vLLM server's weights + KV cache. bench/memory.py checks the same functions
+positions, and the vLLM server: its context, then weights + KV cache inside its share. The
+assumed values come as an `Assumed` (rcgrpo.training.plan.calibration: the constants, or a GPU's
+measurements). bench/memory.py checks the same functions
 against a measured peak on qwen-shape (`update_terms` is what it calls).
 
     .venv/bin/pytest tests/test_plan.py -q
@@ -14,16 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rcgrpo.training.plan.constants import (
-    ALLOCATOR_SLACK,
-    CUDA_CONTEXT_GB,
-    GB,
-    LOGITS_BYTES,
-    NCCL_GB,
-    VLLM_CONTEXT_GB,
-    VLLM_OVERHEAD_GB,
-    Arch,
-)
+from rcgrpo.training.plan.calibration import ASSUMED, Assumed
+from rcgrpo.training.plan.constants import GB, LOGITS_BYTES, Arch
 
 
 class NoFit(ValueError):
@@ -138,19 +132,23 @@ def static_terms(arch: Arch, b: int, lora_params: int, gpus: int, reference: boo
     return out
 
 
-def process_terms(trainer_bytes: float, gpus: int) -> list[Term]:
+def process_terms(trainer_bytes: float, gpus: int, k: Assumed = ASSUMED) -> list[Term]:
     """A trainer process's CUDA context, NCCL's buffers (several GPUs) and its allocator's
-    slack (constants: assumptions)."""
-    out = [Term("CUDA context", CUDA_CONTEXT_GB * GB, f"{CUDA_CONTEXT_GB} GB, assumed")]
+    slack (`k`: the assumed values, or a calibration's measured ones)."""
+    out = [Term("CUDA context", k.cuda_context_gb * GB, _gb(k, "cuda_context_gb"))]
     if gpus > 1:
-        out.append(Term("NCCL buffers", NCCL_GB * GB, f"{NCCL_GB} GB, assumed"))
+        out.append(Term("NCCL buffers", k.nccl_gb * GB, _gb(k, "nccl_gb")))
     return out + [
         Term(
             "allocator slack",
-            ALLOCATOR_SLACK * trainer_bytes,
-            f"{ALLOCATOR_SLACK:.0%} of the above",
+            k.allocator_slack * trainer_bytes,
+            f"{k.allocator_slack:.0%} of the above, {k.source('allocator_slack')}",
         )
     ]
+
+
+def _gb(k: Assumed, name: str) -> str:
+    return f"{getattr(k, name):.2g} GB, {k.source(name)}"
 
 
 def kv_bytes_per_token(arch: Arch, b: int) -> int:
@@ -159,34 +157,51 @@ def kv_bytes_per_token(arch: Arch, b: int) -> int:
 
 
 def vllm_terms(
-    arch: Arch, b: int, share: float, gpu_bytes: float, slots: float
+    arch: Arch, b: int, share: float, gpu_bytes: float, slots: float, k: Assumed = ASSUMED
 ) -> tuple[list[Term], float]:
-    """The awake vLLM server's reservation (gpu_memory_utilization x the physical GPU) split into
-    its context, weights, overhead, LoRA slots (`slots` bytes) and KV cache; returns (terms, KV
-    capacity in tokens)."""
+    """The awake vLLM server on its GPU: its process's CUDA context, then its reservation
+    (gpu_memory_utilization x the physical GPU) split into non-torch memory, weights, overhead,
+    LoRA slots (`slots` bytes) and KV cache; returns (terms, KV capacity in tokens). The context
+    is outside the reservation: vLLM measures the free memory its share is taken from after
+    its context exists (constants.VLLM_NON_TORCH_GB)."""
     weights = arch.params() * b
+    context = Term(
+        "vLLM CUDA context (outside its share)",
+        k.cuda_context_gb * GB,
+        _gb(k, "cuda_context_gb"),
+    )
     fixed = [
-        Term("vLLM CUDA context + non-torch memory", VLLM_CONTEXT_GB * GB, "assumed"),
+        Term("vLLM non-torch memory", k.vllm_non_torch_gb * GB, _gb(k, "vllm_non_torch_gb")),
         Term("vLLM weights", weights, f"{count(arch.params())} x {b} B"),
-        Term("vLLM activations + CUDA graphs", VLLM_OVERHEAD_GB * GB, "assumed"),
+        Term(
+            "vLLM activations + CUDA graphs",
+            k.vllm_overhead_gb * GB,
+            _gb(k, "vllm_overhead_gb"),
+        ),
         Term("vLLM LoRA slots", slots, "--max-loras x --max-lora-rank adapters"),
     ]
     kv = share * gpu_bytes - total(fixed)
     tokens = max(kv, 0) / kv_bytes_per_token(arch, b)
-    return fixed + [
+    return [context, *fixed] + [
         Term(
             "vLLM KV cache",
             max(kv, 0.0),
-            f"{share:.2f} x {gpu_bytes / GB:.1f} GB - the above = {tokens:,.0f} tokens",
+            f"{share:.2f} x {gpu_bytes / GB:.1f} GB - the 4 above = {tokens:,.0f} tokens",
         )
     ], tokens
 
 
-def vllm_asleep_terms(slots: float) -> list[Term]:
+def vllm_asleep_terms(slots: float, k: Assumed = ASSUMED) -> list[Term]:
     """What a level-1 sleep leaves on the GPU: vLLM offloads its weights to CPU memory and
-    discards the KV cache; its context stays, and the LoRA slots are counted as staying."""
+    discards the KV cache; its context and non-torch memory stay, and the LoRA slots are
+    counted as staying."""
     return [
-        Term("vLLM asleep: CUDA context + non-torch memory", VLLM_CONTEXT_GB * GB, "assumed"),
+        Term("vLLM asleep: CUDA context", k.cuda_context_gb * GB, _gb(k, "cuda_context_gb")),
+        Term(
+            "vLLM asleep: non-torch memory",
+            k.vllm_non_torch_gb * GB,
+            _gb(k, "vllm_non_torch_gb"),
+        ),
         Term("vLLM asleep: LoRA slots", slots, "counted as kept"),
     ]
 
@@ -196,9 +211,15 @@ def total(terms: list[Term]) -> float:
 
 
 def largest_tokens(
-    arch: Arch, b: int, checkpointing: bool, share: float, room: float, layer: Layer
+    arch: Arch,
+    b: int,
+    checkpointing: bool,
+    share: float,
+    room: float,
+    layer: Layer,
+    slack: float = ASSUMED.allocator_slack,
 ) -> int:
     """The most tokens per micro-batch whose update fits in `room` bytes (a sampled share of
     `share`), including the allocator slack on them; 0 if none."""
     per_token = total(update_terms(arch, 10**6, int(share * 10**6), b, checkpointing, layer)) / 1e6
-    return max(0, int(room / (per_token * (1 + ALLOCATOR_SLACK))))
+    return max(0, int(room / (per_token * (1 + slack))))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from rcgrpo.training.plan import constants as C
 from rcgrpo.training.plan import memory as M
 from rcgrpo.training.plan import timing as T
+from rcgrpo.training.plan.calibration import ASSUMED, Assumed
 from rcgrpo.training.plan.render import step_time
 
 
@@ -42,18 +43,19 @@ class Plan:
     phases: list[Phase] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # what to change, most binding first
     timing: list[str] = field(default_factory=list)
+    k: Assumed = ASSUMED  # the assumed values it used (or a calibration's measured ones)
 
 
-def _trainer(arch, b, lora_params, gpus, reference, tokens, sampled, ckpt, layer):
+def _trainer(arch, b, lora_params, gpus, reference, tokens, sampled, ckpt, layer, k):
     terms = M.static_terms(arch, b, lora_params, gpus, reference)
     terms += M.update_terms(arch, tokens, sampled, b, ckpt, layer)
-    return terms + M.process_terms(M.total(terms), gpus)
+    return terms + M.process_terms(M.total(terms), gpus, k)
 
 
-def _idle(arch, b, lora_params, gpus, reference):
+def _idle(arch, b, lora_params, gpus, reference, k):
     """The trainer between updates with its allocator cache emptied (what vLLM wakes beside)."""
     terms = M.static_terms(arch, b, lora_params, gpus, reference)
-    return terms + M.process_terms(M.total(terms), gpus)
+    return terms + M.process_terms(M.total(terms), gpus, k)
 
 
 def make_plan(
@@ -66,10 +68,14 @@ def make_plan(
     gpu: C.GPU,
     gpu_gb: float,
     share: float = C.SAMPLED_SHARE,
-    mfu: float = C.MFU,
+    mfu: float | None = None,
+    k: Assumed = ASSUMED,
 ) -> Plan:
     """model/rollout/rl/sft: the resolved ModelConfig, RolloutConfig, RLConfig and the SFTConfig
-    of the fine-tuning `stage` ("rctp" | "sft")."""
+    of the fine-tuning `stage` ("rctp" | "sft"); k: the assumed values (or a calibration's), mfu
+    given: in place of k's for both update paths."""
+    if mfu:
+        k = k.given("mfu", mfu, "--mfu").given("mfu_shared", mfu, "--mfu")
     from rcgrpo.models.profiles import LORA_TARGETS, PROFILES
     from rcgrpo.rollout.colocate import sleep_mode
     from rcgrpo.training.plan.measure import COMMAND, cuda_dtype, recorded
@@ -102,7 +108,12 @@ def make_plan(
             f"one training process per GPU, each with its own {rollout.engine} rollout engine",
         ],
         room,
+        k=k,
     )
+    if k.origin:
+        plan.head.append(f"calibration {k.origin}")
+        if C.GPUS.get(k.kind or "") is not gpu:
+            plan.head.append(f"  measured on {k.kind or 'another device'}, not this {gpu.name}")
     usable = room * (1 - C.HEADROOM)
 
     # fine-tuning: the whole GPU, no engine
@@ -112,7 +123,8 @@ def make_plan(
         if sft.max_tokens_per_micro_batch
         else (sft.micro_batch_size * ft_len)
     )
-    ft = _trainer(arch, b, lora_params, gpus, False, ft_tok, math.ceil(share * ft_tok), ckpt, layer)
+    ft_sampled = math.ceil(share * ft_tok)
+    ft = _trainer(arch, b, lora_params, gpus, False, ft_tok, ft_sampled, ckpt, layer, k)
     ft_problems: list[str] = []
     plan.phases.append(
         Phase(
@@ -122,9 +134,11 @@ def make_plan(
             ft,
         )
     )
-    idle = _idle(arch, b, lora_params, gpus, True)
+    idle = _idle(arch, b, lora_params, gpus, True, k)
     if M.total(ft) > usable:
-        fit = M.largest_tokens(arch, b, ckpt, share, usable - M.total(idle), layer)
+        fit = M.largest_tokens(
+            arch, b, ckpt, share, usable - M.total(idle), layer, k.allocator_slack
+        )
         ft_problems.append(
             f"{stage}: a {ft_tok:,}-token micro-batch needs "
             f"{M.total(ft) / C.GB:.0f} GB per GPU, {usable / C.GB:.1f} GB usable "
@@ -138,8 +152,8 @@ def make_plan(
     ref = rl.kl_coef > 0
     cap = rl.max_sampled_per_micro_batch  # a bound the batching keeps, else the assumed share
     sampled = min(cap, rl_tok) if cap and budget else math.ceil(share * rl_tok)
-    upd = _trainer(arch, b, lora_params, gpus, ref, rl_tok, sampled, ckpt, layer)
-    idle = _idle(arch, b, lora_params, gpus, ref)
+    upd = _trainer(arch, b, lora_params, gpus, ref, rl_tok, sampled, ckpt, layer, k)
+    idle = _idle(arch, b, lora_params, gpus, ref, k)
     title = (
         f"micro-batch of {rl_tok:,} tokens (rl.max_tokens_per_micro_batch {budget:,}, "
         f"longest episode {longest:,})"
@@ -150,19 +164,20 @@ def make_plan(
     if rollout.engine == "vllm":
         rank = rollout.served_lora_rank(model.lora_r)
         slots = 2 * arch.lora_params(rank, targets) * b if lora else 0.0  # --max-loras 2
-        awake, kv_tok = M.vllm_terms(arch, b, rollout.vllm_gpu_memory_utilization, room, slots)
+        util = rollout.vllm_gpu_memory_utilization
+        awake, kv_tok = M.vllm_terms(arch, b, util, room, slots, k)
+        context, kv = awake[0].bytes, awake[-1].bytes  # outside its share; what fills it
         if sleep_mode(rollout, model.profile, on_cuda=True):
             plan.phases.append(Phase("rl rollouts: vLLM awake, trainer cache empty", idle + awake))
-            beside = M.vllm_asleep_terms(slots)
+            beside = M.vllm_asleep_terms(slots, k)
             plan.phases.append(Phase(f"rl update, vLLM asleep: {title}", upd + beside))
         else:
             beside = awake
             plan.phases.append(Phase(f"rl update beside a resident vLLM: {title}", upd + awake))
-        roll_bytes = M.total(idle) + rollout.vllm_gpu_memory_utilization * room
-        u_max = math.floor((usable - M.total(idle)) / room * 100) / 100
-        u_min = (
-            M.total(awake) - M.total(awake[-1:]) + longest * M.kv_bytes_per_token(arch, b)
-        ) / room
+        roll_bytes = M.total(idle) + context + util * room
+        u_max = math.floor((usable - M.total(idle) - context) / room * 100) / 100
+        inside = M.total(awake) - context - kv  # the share's fixed part
+        u_min = (inside + longest * M.kv_bytes_per_token(arch, b)) / room
         if roll_bytes > usable:
             plan.problems.append(
                 f"rl: set rollout.vllm_gpu_memory_utilization <= {u_max:.2f} (now "
@@ -192,6 +207,7 @@ def make_plan(
                 f"{rollout.max_batch} rows x {longest:,} tok x {kv / 1e3:.0f} kB",
             ),
         ]
+        roll += M.process_terms(M.total(roll), gpus, k)  # the trainer's context, NCCL, slack
         plan.phases.append(Phase("rl rollouts (transformers engine)", roll))
         plan.phases.append(Phase(f"rl update: {title}", upd))
         if M.total(roll) > usable:
@@ -202,7 +218,7 @@ def make_plan(
     need = M.total(upd) + M.total(beside)
 
     def fits(n: int) -> bool:  # the update with n sampled positions, beside what stays
-        terms = _trainer(arch, b, lora_params, gpus, ref, rl_tok, n, ckpt, layer)
+        terms = _trainer(arch, b, lora_params, gpus, ref, rl_tok, n, ckpt, layer, k)
         return M.total(terms) + M.total(beside) <= usable
 
     if need > usable and cap and budget and fits(0):  # the sampled cap is what does not fit
@@ -214,9 +230,8 @@ def make_plan(
             f"GPU, {usable / C.GB:.1f} GB usable: set rl.max_sampled_per_micro_batch <= {lo:,}"
         )
     if need > usable and not any(p.startswith("rl:") for p in plan.problems):
-        fit = M.largest_tokens(
-            arch, b, ckpt, share, usable - M.total(idle) - M.total(beside), layer
-        )
+        room_left = usable - M.total(idle) - M.total(beside)
+        fit = M.largest_tokens(arch, b, ckpt, share, room_left, layer, k.allocator_slack)
         plan.problems.append(
             f"rl: a {rl_tok:,}-token micro-batch needs {need / C.GB:.0f} GB "
             f"per GPU with what stays beside it, {usable / C.GB:.1f} GB usable "
@@ -232,7 +247,7 @@ def make_plan(
     if problem := budget_problem(model, rollout):  # first: it fails the run's first stage
         plan.problems.insert(0, problem)
     if rollout.engine == "vllm":
-        plan.timing = step_time(arch, b, rl, rollout, gpus, gpu, kv_tok, lora, ckpt, mfu)
+        plan.timing = step_time(arch, b, rl, rollout, gpus, gpu, kv_tok, lora_params, ckpt, k)
     return plan
 
 

@@ -7,9 +7,10 @@ ground truths replayed, scripts/episode_shapes.py), drawn per task with a fixed 
 is simulated iteration by iteration, as vLLM's continuous batching runs: at most `max_seqs`
 sequences (rollout.vllm_max_num_seqs) whose keys and values fit its KV cache; each iteration
 decodes one token of every running sequence and prefills up to CHUNK_TOKENS new tokens of the
-others. An iteration costs the larger of its memory time (weights + the KV it reads, at BANDWIDTH_EFF of
-the GPU's bandwidth) and its compute time (2 x params per token + attention, at PREFILL_EFF of
-the peak), plus ITERATION_S. Two schedules over that engine:
+others. An iteration costs the larger of its memory time (weights + the KV it reads, at
+BANDWIDTH_EFF of the GPU's bandwidth) and its compute time (2 x params per token + attention,
+at PREFILL_EFF of the peak), plus ITERATION_S (each assumed, or measured: Engine.k). Two
+schedules over that engine:
 * lock-step (`rollout.scheduler: lockstep`): every episode waiting for the model sends its next
   message at once; the round ends when the slowest is done, then the tool calls run; then the
   next round;
@@ -20,9 +21,10 @@ prefills it once per group (the goal and what follows it, PREFIX_TAIL tokens, fo
 Between messages an episode's keys and values are assumed to stay cached (no re-prefill).
 
 Update. FLOPs of pi_old (none with rl.behaviour_logprobs: engine) and the reference (one
-forward each), then per PPO pass a forward, the checkpointed recompute, and the backward (input
-gradients; weight gradients too for a full fine-tune), over the computed tokens of the token-budget micro-batches (padding included),
-with causal attention's T^2 term; divided by GPUs x peak x MFU.
+forward each), then per PPO pass a forward, the checkpointed recompute and the backward, over
+the computed tokens of the token-budget micro-batches (padding included), causal attention and
+the LM head at the sampled positions, as rcgrpo.training.plan.flops counts them; divided by
+GPUs x peak x MFU.
 
     .venv/bin/pytest tests/test_plan.py -q -k timing
 """
@@ -37,15 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rcgrpo.training.batching import computed_tokens, micro_batches
-from rcgrpo.training.plan.constants import (
-    BANDWIDTH_EFF,
-    CHUNK_TOKENS,
-    GPU,
-    ITERATION_S,
-    PREFILL_EFF,
-    TOOL_S,
-    Arch,
-)
+from rcgrpo.training.plan.calibration import ASSUMED, Assumed
+from rcgrpo.training.plan.constants import GPU, TOOL_S, Arch
+from rcgrpo.training.plan.flops import Work, causal_pairs, step_flops
 
 PREFIX_TAIL = 64  # first-prompt tokens past the shared prefix (the goal onward): an assumption
 EPISODES = Path(__file__).with_name("episodes.json")
@@ -86,6 +82,7 @@ class Engine:
     kv_tokens: float  # KV cache capacity, tokens
     max_seqs: int  # rollout.vllm_max_num_seqs (vLLM --max-num-seqs)
     iterations: int = 0
+    k: Assumed = ASSUMED  # efficiencies, iteration overhead, chunk (assumed or measured)
 
     def iteration_s(self, decodes: list[int], prefills: list[tuple[int, int]]) -> float:
         """decodes: context of each decoding sequence; prefills: (chunk tokens, context)."""
@@ -94,8 +91,9 @@ class Engine:
         read = a.params() * self.b + kv_per_tok * (sum(decodes) + sum(x for _, x in prefills))
         attn = 4 * a.layers * a.q_dim * (sum(decodes) + sum(c * (x + c / 2) for c, x in prefills))
         flops = 2 * a.params() * n_tok + attn
-        compute = flops / (self.gpu.bf16_flops * PREFILL_EFF)
-        return max(read / (self.gpu.bandwidth * BANDWIDTH_EFF), compute) + ITERATION_S
+        compute = flops / (self.gpu.bf16_flops * self.k.prefill_eff)
+        memory = read / (self.gpu.bandwidth * self.k.bandwidth_eff)
+        return max(memory, compute) + self.k.iteration_s
 
     def serve(self, queue: list[_Req], now: float, on_finish=None) -> float:
         """Run the requests of the heap `queue` (by ready time) to completion from time `now`;
@@ -111,7 +109,7 @@ class Engine:
                 now = queue[0].ready
                 continue
             decoding = [r for r in running if r.prefill == 0]
-            budget, prefills = CHUNK_TOKENS - len(decoding), []
+            budget, prefills = int(self.k.chunk_tokens) - len(decoding), []
             for r in running:
                 if r.prefill and budget > 0:
                     chunk = min(r.prefill, budget)
@@ -186,19 +184,21 @@ def update_flops(
     checkpointing: bool,
     lora: bool,
     pi_old: bool = True,
+    lora_params: int = 0,
+    sampled: list[int] | None = None,
 ) -> float:
     """FLOPs of one step's training forwards and backwards over `groups` of `lengths` (the
-    micro-batches of one pass). Per computed token 2 x non-embedding params; attention
-    2 x layers x q_dim x T^2 per sequence (causal, QK^T and AV), T the padded row's length.
-    pi_old False: no pi_old forward (`rl.behaviour_logprobs: engine`)."""
-    non_embedding = arch.params() - arch.vocab * arch.hidden * (1 if arch.tied else 2)
-    fwd = 0.0
+    micro-batches of one pass; `sampled`: each rollout's sampled positions, None: no head
+    counted), as rcgrpo.training.plan.flops counts them: padded rows (packed False) compute
+    and attend k x the longest. pi_old False: no pi_old forward (`rl.behaviour_logprobs:
+    engine`)."""
+    work = Work(0.0, 0.0, 0.0)
     for g in groups:
-        tokens = computed_tokens(lengths, g, packed)
         rows = [lengths[i] for i in g] if packed else [max(lengths[i] for i in g)] * len(g)
-        fwd += 2 * non_embedding * tokens + 2 * arch.layers * arch.q_dim * sum(t * t for t in rows)
-    per_pass = 1 + (1 if checkpointing else 0) + 2 + (0 if lora else 2)  # fwd, recompute, bwd
-    return fwd * (int(pi_old) + int(reference) + passes * per_pass)
+        heads = sum(sampled[i] for i in g) if sampled is not None else 0
+        work += Work(computed_tokens(lengths, g, packed), causal_pairs(rows), heads)
+    scoring = int(pi_old) + int(reference)
+    return step_flops(arch, work, lora, lora_params, checkpointing, scoring, passes)
 
 
 def step_micro_batches(
