@@ -186,7 +186,7 @@ def test_resume_state_refuses_in_one_line_and_voids_what_a_redone_stage_fed(tmp_
     from rcgrpo.run_config import resolve
     from rcgrpo.tracking import orphans
 
-    rc = resolve(None, "cpu", "rctp+rc-grpo", {}, ["finetune", "rl"], 1)  # params.yaml here
+    rc = resolve(None, "", "rctp+rc-grpo", {}, ["finetune", "rl"], 1)  # params.yaml here
     monkeypatch.setenv("RCGRPO_PROJECT", str(tmp_path))  # the state file goes there
     with pytest.raises(ConfigError, match=r"no pipeline run to resume in this project"):
         orphans.interrupted(rc)
