@@ -98,3 +98,27 @@ def test_a_vllm_start_failure_fails_the_data_stage_in_one_line(prefect_server, t
     assert errors[0] == f"error: stage data failed (exit code 2): {result['error']}"
     assert not (proj / "data").exists() and (proj / "data.dvc").read_text() == pointer
     assert _git(proj, "rev-parse", "HEAD") == head  # nothing versioned
+
+
+def test_rollouts_auto_skips_only_a_missing_engine_and_the_summary_says_so(monkeypatch, tmp_path):
+    """vLLM not installed (its interpreter missing): the own-policy failures are skipped with
+    the reason, before any model loads, and `rcgrpo run`'s summary and the report say so."""
+    from rcgrpo.cli.pipeline import _skipped
+    from rcgrpo.data.failures import EngineUnavailable, rollout_failures
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.rollout.config import RolloutConfig
+    from rcgrpo.tracking.report import summary_markdown
+
+    monkeypatch.setenv("RCGRPO_VLLM_PYTHON", str(tmp_path / "no-vllm" / "python"))
+    with pytest.raises(EngineUnavailable, match=r"^vLLM is not installed \(.*no-vllm/python"):
+        rollout_failures(
+            [], "combined", 0, ModelConfig(profile="tiny"), RolloutConfig(engine="vllm")
+        )
+    why = "vLLM is not installed (/x/python is no interpreter)"
+    assert _skipped(why) == [
+        "  data rollouts    skipped: vLLM is not installed (/x/python is no interpreter); "
+        "the low half is perturbations only"
+    ]
+    assert _skipped(None) == []
+    text = summary_markdown({"run_id": "r", "rollouts_skipped": why}, {}, [])
+    assert f"own-policy failures skipped ({why}): the low half is perturbations only" in text
