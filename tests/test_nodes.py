@@ -54,7 +54,7 @@ def test_two_nodes_of_one_rank_equal_one_process(tmp_path, mlflow_store):
     endpoint = f"127.0.0.1:{free_port()}"
     sets = [f"--set={k}={v}" for k, v in {**SFT, "data": data, "out_dir": tmp_path / "two"}.items()]
     cmd = [sys.executable, "-m", "rcgrpo.cli", "stage", "rctp", *sets, "--allow-cpu",
-           "--model-set", "profile=tiny", "--model-set", "device=cpu",
+           "--set", "model.profile=tiny", "--set", "model.device=cpu",
            "--nnodes", "2", "--rdzv-endpoint", endpoint]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nodes = [
@@ -150,11 +150,9 @@ def test_a_launch_serves_one_base_per_node(tmp_path, monkeypatch, in_run):
     ranks use the run's folder, which the run removes. The torchrun launch is launch's own; the
     rank program is served_base_rank.py, which asks models.serving what a vLLM engine asks (an
     RL stage with a vLLM server per rank does not fit this 2-core box)."""
-    from types import SimpleNamespace
-
     from rcgrpo.models.serving import served_bases
     from rcgrpo.run_config import resolve
-    from rcgrpo.tracking import stage
+    from rcgrpo.tracking import stage, stage_process
 
     rc = resolve(None, sets={"rl": {"out_dir": str(tmp_path / "rl")}}, stages=("rl",), procs=2)
     (tmp_path / "rl" / "final").mkdir(parents=True)  # launch checks that the stage saved
@@ -162,12 +160,12 @@ def test_a_launch_serves_one_base_per_node(tmp_path, monkeypatch, in_run):
     said.mkdir()
     rank = Path(__file__).with_name("served_base_rank.py")
 
-    def torchrun_of_our_ranks(cmd, **kw):  # `-m rcgrpo.cli train rl ...` -> the rank program
+    def torchrun_of_our_ranks(cmd, env):  # `-m rcgrpo.cli stage rl ...` -> the rank program
         at = cmd.index("rcgrpo.cli") - 1
-        env = {**kw.pop("env"), "OMP_NUM_THREADS": "1"}
-        return subprocess.run([*cmd[:at], str(rank), str(said), str(own)], env=env, **kw)
+        env = {**env, "OMP_NUM_THREADS": "1"}
+        return subprocess.run([*cmd[:at], str(rank), str(said), str(own)], env=env).returncode
 
-    monkeypatch.setattr(stage, "subprocess", SimpleNamespace(run=torchrun_of_our_ranks))
+    monkeypatch.setattr(stage_process, "_run", torchrun_of_our_ranks)
     run_folder = tmp_path / "outputs" / "served-run"
     with served_bases(run_folder) if in_run else contextlib.nullcontext():
         stage.launch("rl", rc, None)
