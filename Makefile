@@ -56,8 +56,12 @@ gpu:
 	scripts/vllm_venv.sh .venv-vllm
 	$(VENV)/bin/rcgrpo doctor
 
+# The suite's files on TEST_WORKERS pytest-xdist workers (--dist loadfile: a file's tests, and
+# its module fixtures such as a started server, stay on one worker; each worker has its own tmp
+# dirs, Prefect harness and Prefect home, tests/conftest.py); the 15 slowest tests printed last.
+TEST_WORKERS ?= 2
 test: lint vllm-venv
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The inner loop while editing: the pure tests only (algorithms, configs, records, the environment
 # and checkers, layout and docs links): no server, subprocess pipeline, Great Expectations suite or

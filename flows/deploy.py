@@ -45,10 +45,9 @@ def serve(
     `limit=1`: one pipeline run at a time (2 cores; a late run waits instead of competing)."""
     if not os.environ.get("PREFECT_API_URL"):
         raise RuntimeError(
-            "PREFECT_API_URL is not set: a schedule needs a running Prefect server. Start one "
-            "with `rcgrpo ui` (http://127.0.0.1:4200) or `prefect server start --host 127.0.0.1`, "
-            "then `export PREFECT_API_URL=http://127.0.0.1:4200/api "
-            "PREFECT_API_AUTH_STRING=$(cat ~/.prefect/rcgrpo-api-auth)` (`rcgrpo schedule` does it)."
+            "PREFECT_API_URL is not set: a schedule needs a running Prefect server. Start "
+            "`rcgrpo ui`, then serve with `rcgrpo schedule`, which finds its server and checks "
+            "that it runs as you before sending it the auth string."
         )
     root = str(project_root())
     # runs start as subprocesses that import `flows.*`: the project root must be importable

@@ -124,6 +124,8 @@ def pipeline_flow(
         if "data" in stages and orphans.data_complete(state):
             print("data: complete in the interrupted run (data/ at its version): skipped")
         elif "data" in stages:
+            if "data" in state["done"]:
+                print("data: data/ is not the version the interrupted run built: built again")
             built = build_data(rc)
             out["data"] = {k: built.get(k) for k in ("rev", "md5", "counts") if k in built}
             if skipped := (built.get("rollouts") or {}).get("skipped"):
@@ -142,6 +144,8 @@ def pipeline_flow(
         if "finetune" in stages and (ft := orphans.model_complete(state, v.init)):
             print(f"{v.init}: complete in the interrupted run ({ft['model_path']}): skipped")
         elif "finetune" in stages:
+            if v.init in state["done"]:
+                print(f"{v.init}: the interrupted run's model is gone: trained again, RL anew")
             ft = train_flow(v.init, rc, pid)
             orphans.record(state, v.init, ft)
         if ft:

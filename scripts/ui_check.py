@@ -3,7 +3,7 @@
 Starts `mlflow ui` on the store the way `rcgrpo ui` does (rcgrpo.mlflow_ui.start_mlflow, a free
 port on 127.0.0.1), finds the last finished `pipeline` run of experiment `rcgrpo`, its `rl` run
 and the episode traces of its RL-task evaluations, and loads in Debian's `chromium` (headless,
-driven over the Chrome DevTools Protocol with `websockets`, a Prefect dependency):
+driven over a DevTools pipe, no port; sandboxed unless root: scripts/headless.py):
 
     experiment.png     the link rcgrpo prints for the experiment: the model-training view
                        (runs table); asserts the page lists the run `pipeline`
@@ -19,7 +19,9 @@ driven over the Chrome DevTools Protocol with `websockets`, a Prefect dependency
 
 A fresh browser profile has only MLflow's own panels closed (the assistant and two one-time
 hints, via localStorage): what a person closes once. The view itself comes from the URL.
-Exit 1 with one line per failed check; the last line printed is a JSON summary.
+Exit 1 with one line per failed check; the last line printed is a JSON summary. On SIGINT,
+SIGTERM or SIGHUP, and when its parent dies, it stops the browser's process group, removes its
+profile and stops the UI, then exits 128+signal.
 
     .venv/bin/python scripts/ui_check.py                      # the project's mlflow/ store
     .venv/bin/python scripts/ui_check.py --store /tmp/x/mlflow --out reports/ui_check
@@ -28,19 +30,16 @@ Exit 1 with one line per failed check; the last line printed is a JSON summary.
 from __future__ import annotations
 
 import argparse
-import base64
-import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import socket
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
+
+from headless import STOPS, Browser
 
 # panels a person closes once; the workflow type is deliberately NOT preset (the URL sets it)
 QUIET = {"mlflow.assistant.panelOpen_v1": "false",
@@ -58,113 +57,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class Browser:
-    """Headless Chromium driven over the DevTools protocol (one tab)."""
-
-    def __init__(self, binary: str, auth: str = "", width: int = 1500, height: int = 1150):
-        from websockets.sync.client import connect
-
-        port, self.profile = _free_port(), tempfile.mkdtemp(prefix="ui_check_profile_")
-        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--no-first-run", "--disable-background-networking", "--disable-sync",
-                 "--disable-component-update", "--hide-scrollbars", f"--window-size={width},{height}",
-                 f"--user-data-dir={self.profile}", f"--remote-debugging-port={port}",
-                 "--remote-allow-origins=*", "about:blank"]  # fmt: skip
-        env = {**os.environ, "TMPDIR": self.profile}  # its singleton socket folder: not in /tmp
-        self.proc = subprocess.Popen([binary, *flags], stdout=subprocess.DEVNULL, env=env,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=2) as r:
-                    page = next(t for t in json.load(r) if t.get("type") == "page")
-                break
-            except (OSError, StopIteration):
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.close()
-                    raise RuntimeError(f"{binary} did not open its DevTools port") from None
-                time.sleep(0.3)
-        self.ws = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=30)
-        self._id = 0
-        self.cmd("Page.enable")
-        self.cmd("Emulation.setDeviceMetricsOverride", width=width, height=height,
-                 deviceScaleFactor=1, mobile=False)  # fmt: skip
-        script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});"
-                         for k, v in QUIET.items())  # fmt: skip
-        self.cmd("Page.addScriptToEvaluateOnNewDocument", source=script)
-        if auth:  # the login a person types once at the browser's prompt, on every request
-            self.cmd("Network.enable")
-            self.cmd("Network.setExtraHTTPHeaders", headers={"Authorization": auth})
-
-    def cmd(self, method: str, **params) -> dict:
-        self._id += 1
-        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.ws.recv(timeout=60))
-            if msg.get("id") == self._id:
-                if "error" in msg:
-                    raise RuntimeError(f"{method}: {msg['error']}")
-                return msg.get("result", {})
-
-    def text(self) -> str:
-        return self._js("document.body ? document.body.innerText : ''") or ""
-
-    def _js(self, expression: str):
-        r = self.cmd("Runtime.evaluate", expression=expression, returnByValue=True)
-        return r.get("result", {}).get("value")
-
-    def _until(self, ready, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if ready():
-                return True
-            time.sleep(0.5)
-        return False
-
-    def load(self, url: str, wait_for: list[str], search: str = "", timeout: float = 60.0) -> dict:
-        """Open `url` in a fresh document, type `search` into the page's search box if given
-        (the run page's "Search metric charts", a regex), and wait until every string of
-        `wait_for` is on the page (or the text settles, for an empty list);
-        {"url", "title", "text", "missing"}."""
-        self.cmd("Page.navigate", url="about:blank")  # hash routes: force a fresh app load
-        self.cmd("Page.navigate", url=url)
-        if search:
-            box = "document.querySelector('input[placeholder^=\"Search\"]')"
-            if self._until(lambda: self._js(f"!!{box}"), timeout):
-                self._js(f"{box}.focus()")
-                self.cmd("Input.insertText", text=search)
-        seen = {"text": None, "since": time.monotonic()}
-
-        def ready() -> bool:
-            text = self.text()
-            if wait_for:
-                return all(w in text for w in wait_for)
-            if text != seen["text"]:
-                seen.update(text=text, since=time.monotonic())
-            return time.monotonic() - seen["since"] > 3 and len(text) > 200
-
-        if self._until(ready, timeout) and wait_for:
-            time.sleep(1.5)  # let the charts finish drawing
-        text = self.text()
-        where = self._js("[location.href, document.title]")
-        return {"url": where[0], "title": where[1], "text": text,
-                "missing": [w for w in wait_for if w not in text]}  # fmt: skip
-
-    def screenshot(self, path: Path) -> None:
-        path.write_bytes(base64.b64decode(self.cmd("Page.captureScreenshot", format="png")["data"]))
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):  # the browser may be gone already
-            self.ws.close()
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-        shutil.rmtree(self.profile, ignore_errors=True)
 
 
 def span_listed(text: str, name: str) -> bool:
@@ -241,8 +133,15 @@ def check(store: Path, out: Path, run_id: str | None = None, port: int = 0) -> d
             url = registry.trace_url(pipeline.info.run_id, pick["trace_id"], host)
             pages.append((f"trace_{outcome}", url, [pick["name"], pick["tool"]], ""))
         summary["traces"] = picks
-        browser = Browser(binary, mlflow_ui.basic_auth_header(store))
+        browser = Browser(binary)
         try:
+            script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});"
+                             for k, v in QUIET.items())  # fmt: skip
+            browser.cmd("Page.addScriptToEvaluateOnNewDocument", source=script)
+            # the login a person types once at the browser's prompt, on every request
+            browser.cmd("Network.enable")
+            browser.cmd("Network.setExtraHTTPHeaders",
+                        headers={"Authorization": mlflow_ui.basic_auth_header(store)})  # fmt: skip
             for name, url, wait_for, search in pages:
                 page = browser.load(url, wait_for, search)
                 browser.screenshot(out / f"{name}.png")
@@ -264,7 +163,28 @@ def check(store: Path, out: Path, run_id: str | None = None, port: int = 0) -> d
     return summary
 
 
+def _exit_on(signum: int, _frame) -> None:
+    for sig in STOPS:  # a second signal must not cut the clean-up short
+        signal.signal(sig, signal.SIG_IGN)
+    raise SystemExit(128 + signum)  # the finally blocks stop the browser and the UI
+
+
+def stop_on_signals() -> None:
+    """SIGINT, SIGTERM, SIGHUP, and the death of the parent (PR_SET_PDEATHSIG: SIGTERM), end
+    this check through its finally blocks: the browser's group stopped, its profile removed."""
+    from rcgrpo.procs import set_parent_death_signal
+
+    parent = os.getppid()
+    for sig in STOPS:
+        signal.signal(sig, _exit_on)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+    set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before the prctl took effect
+        raise SystemExit(128 + signal.SIGTERM)
+
+
 def main() -> int:
+    stop_on_signals()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", default="", help="folder holding mlflow.db (default: the project's)")
     ap.add_argument("--out", default="reports/ui_check", help="where the PNGs and texts go")

@@ -51,6 +51,10 @@ def test_env_errors_say_what_and_where(tmp_path):
     assert result.returncode != 0 and "not valid JSON" in result.stderr
     result = run("env", "run", "multi_turn_base_1", "--calls", str(tmp_path / "none.json"))
     assert result.returncode != 0 and "does not exist" in result.stderr
+    bad.write_text("[[" + "9" * 5000 + "]]")  # a traceback before
+    result = run("env", "run", "multi_turn_base_1", "--calls", str(bad))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "Invalid value for --calls" in result.stderr and "4300 digits" in result.stderr
     result = run("env", "show", "multi_turn_base_1000")
     assert result.returncode != 0 and "unknown task id" in result.stderr
 
@@ -60,3 +64,26 @@ def test_env_show_prints_the_task():
     assert result.returncode == 0
     task = json.loads(result.stdout)
     assert task["missed_functions"] == {"3": ["sort"]} and task["split"] in ("train", "test")
+
+
+def test_env_run_scores_only_the_calls_that_ran(tmp_path):
+    """miss_func_7 reveals `mkdir` at turn 1. Called at turn 0 it is refused live (an error
+    observation, no folder made), yet `env run` scored it as run: the paper reward passed an
+    episode whose state never had the folder. It scores what ran, as the agent loop records."""
+    calls = tmp_path / "calls.json"
+    calls.write_text(
+        json.dumps(
+            [
+                ["cd(folder='academic_venture')", "mkdir(dir_name='academic_hub')"],
+                [],
+                ["find(path='.',name='goal')"],
+                ["cat(file_name='goals.txt')"],
+            ]
+        )
+    )
+    result = run("env", "run", "multi_turn_miss_func_7", "--calls", str(calls))
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    refused = out["turns"][0]["steps"][1]["observations"][0]
+    assert refused == "Error during execution: function 'mkdir' is not available"
+    assert not out["paper_reward"]["passed"] and "R_state = 0" in out["paper_reward"]["reason"]

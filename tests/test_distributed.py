@@ -20,6 +20,8 @@ import torch
 from distributed_worker import run
 from toy_models import tiny_llama
 
+from rcgrpo.training.rendezvous import SECRET_ENV, write_secret
+
 WORKER = Path(__file__).parent / "distributed_worker.py"
 
 
@@ -47,6 +49,8 @@ def launch_two(stage: str, out: Path) -> dict:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
         "TMPDIR": str(out.parent),  # torch.distributed.run's torchelastic_* folders: not in /tmp
+        # the run's secret every rank proves (rcgrpo stage NAME --procs N writes it; here the test)
+        SECRET_ENV: str(write_secret(out.parent / "secret")),
     }
     # --multi_gpu starts the ranks with torch.distributed.run; on a box without a GPU the
     # Accelerator runs them on the CPU over gloo (`--cpu` alone would start 1 process, or

@@ -24,7 +24,8 @@ HELPERS = [p for p in SCRIPTS if p not in MAINS]  # imported by a main (e.g. ben
 
 
 def python(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "bench")])}
+    folders = [ROOT / "src", ROOT / "bench", ROOT / "scripts"]  # a helper sits beside its main
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, folders))}
     return subprocess.run(
         [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )

@@ -162,3 +162,43 @@ def test_local_backend_needs_no_ray():
             "import flows.evaluate, flows.train, flows.build_dataset\n"
             "assert 'ray' not in sys.modules and tags == {'execution.backend': 'local'}")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_auto_trusts_only_a_cluster_address_file_of_this_user(monkeypatch, caplog):
+    """Ray keeps `ray start`'s address in <temp>/ray/ray_current_cluster, a world-writable
+    folder: another user (nobody, when the tests run as root) wrote his cluster's address there
+    and `execution.address: auto` joined it. Now only a regular file of this user that no one
+    else can write is read; his file, or a link of ours to it, starts a private cluster."""
+    import shutil
+    import subprocess
+    import sys
+
+    from squatter import other_user
+
+    from rcgrpo.rollout.ray_cluster import chosen_address
+
+    temp = tempfile.mkdtemp(prefix="rcgrpo-raytmp-")  # where the other user can reach it
+    try:
+        os.chmod(temp, 0o755)
+        ray_dir = os.path.join(temp, "ray")
+        os.mkdir(ray_dir)
+        os.chmod(ray_dir, 0o777)  # as Ray leaves /tmp/ray
+        monkeypatch.setenv("RAY_TMPDIR", temp)
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        path = os.path.join(ray_dir, "ray_current_cluster")
+        plant = f"import os; open({path!r}, 'w').write('10.6.6.6:6379'); os.chmod({path!r}, 0o666)"
+        subprocess.run([*other_user(), sys.executable, "-c", plant], check=True, timeout=60)
+        with caplog.at_level("WARNING"):
+            assert chosen_address("auto") is None  # someone else's, or writable by others
+        assert "is not this user's own" in caplog.text
+        theirs = os.path.join(temp, "theirs")
+        os.rename(path, theirs)
+        os.symlink(theirs, path)  # a link in our name to his file
+        assert chosen_address("auto") is None
+        os.unlink(path)
+        with open(path, "w") as f:
+            f.write("127.0.0.1:6379\n")
+        os.chmod(path, 0o644)
+        assert chosen_address("auto") == "127.0.0.1:6379"  # `ray start` by this user: joined
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

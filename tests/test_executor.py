@@ -89,3 +89,45 @@ def test_model_text_never_prints_syntax_warnings(capfd):
     assert not parsed.calls and parsed.errors  # refused (a BoolOp is no literal), quietly
     assert not [w for w in seen if w.category is SyntaxWarning]
     assert capfd.readouterr().err == ""
+
+
+# a fence that never closes around 31,980 newlines (the 32,000-character cap), and 2,900 opening
+# tags with no closing one; the reference is the same fence closed (linear then as now)
+TIMED = """
+import time
+from rcgrpo.bfcl.executor import parse_calls
+n = 31_980
+cases = {
+    "reference": "```\\n" + "\\n" * n + "ls()```",
+    "open fence": "```\\n" + "\\n" * n + "ls()",
+    "open tags": "<tool_call>" * 2_900,
+}
+for name, text in cases.items():
+    start = time.process_time()
+    parsed = parse_calls(text)
+    print(f"{name}|{time.process_time() - start:.6f}|{len(parsed.calls)}|{len(parsed.errors)}")
+"""
+
+
+def test_fenced_newlines_and_open_tags_parse_in_linear_time():
+    """The fence and tag regexes backtracked over every split of a run of newlines without a
+    closing fence, and rescanned the rest from every unclosed <tool_call>: a 1,003-token message
+    of newlines cost 42 s of CPU, this 31,980-newline one minutes. Each must take under a
+    second of CPU time, or under 100x the closed fence of the same length if that is longer
+    (same run), in a child process the test stops after 60 s."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", TIMED], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError("parse_calls took over 60 s on one 32,000-character message") from None
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("|") for line in done.stdout.splitlines()]
+    took = {name: float(s) for name, s, _, _ in rows}
+    print(took)
+    for name in ("open fence", "open tags"):
+        assert took[name] < max(1.0, 100 * took["reference"]), (name, took)
+    assert [(c, e) for _, _, c, e in rows] == [("1", "0"), ("0", "0"), ("0", "0")]

@@ -33,6 +33,7 @@ LAYERS = [
         "rcgrpo.flow_server",
         "rcgrpo.mlflow_ui",
         "rcgrpo.run_lock",
+        "rcgrpo.owned",
         "rcgrpo",
     ),
     ("rcgrpo.bfcl",),

@@ -177,10 +177,11 @@ def test_run_resume_after_a_kill_during_rl_ends_as_an_uninterrupted_run(prefect_
 
 
 def test_resume_state_refuses_in_one_line_and_voids_what_a_redone_stage_fed(tmp_path, monkeypatch):
-    """The state of `rcgrpo run --resume`: nothing to resume, a finished run and a setting that
-    matters are refused naming it; the rank count, execution and traces may change; a stage done
-    anew drops the stages recorded after it and the started RL run."""
+    """The state of `rcgrpo run --resume`: no run, a run that left nothing to resume, a finished
+    run and a setting that matters are refused naming it; the rank count, execution and traces
+    may change; a stage done anew drops the stages recorded after it and the started RL run."""
     import dataclasses
+    import json
 
     from rcgrpo.config import ConfigError
     from rcgrpo.run_config import resolve
@@ -191,6 +192,9 @@ def test_resume_state_refuses_in_one_line_and_voids_what_a_redone_stage_fed(tmp_
     with pytest.raises(ConfigError, match=r"no pipeline run to resume in this project"):
         orphans.interrupted(rc)
     state = orphans.start("run1", rc.to_dict())
+    with pytest.raises(ConfigError, match=r"nothing to resume: the interrupted run run1 left no"):
+        orphans.interrupted(rc)  # it started over, silently, before
+    orphans.record(state, "rl", {"run_id": "r0"}, done=False)  # an RL run to continue
     assert orphans.interrupted(rc)["run_id"] == "run1"
     wider = dataclasses.replace(rc, plan=dataclasses.replace(rc.plan, procs=8))
     ray = dataclasses.replace(rc, execution=dataclasses.replace(rc.execution, backend="ray"))
@@ -205,11 +209,45 @@ def test_resume_state_refuses_in_one_line_and_voids_what_a_redone_stage_fed(tmp_
     orphans.record(state, "rctp", {"model_path": "m"})
     orphans.record(state, "rl", {"run_id": "r"}, done=False)
     orphans.record(state, "data", {"md5": "b"})  # rebuilt: the fine-tuning and RL go with it
-    assert orphans.interrupted(rc)["done"] == {"data": {"md5": "b"}}
-    assert orphans.interrupted(rc)["runs"] == {}
+    saved = json.loads((tmp_path / orphans.STATE).read_text())
+    assert (saved["done"], saved["runs"]) == ({"data": {"md5": "b"}}, {})
     orphans.finished(state)
     with pytest.raises(ConfigError, match=r"the last run here \(MLflow run run1\) finished"):
         orphans.interrupted(rc)
+
+
+def test_resume_refuses_a_fine_tuned_model_another_command_replaced(tmp_path, monkeypatch):
+    """`rcgrpo run --resume` skipped fine-tuning after a standalone `rcgrpo stage rctp` had
+    written over the run's model, and RL resumed against another reference (loss/kl 1.03 at
+    step 2). The model's sha256 is recorded when the stage finishes and checked on resume: the
+    same bytes written again pass, other weights are refused in one line."""
+    import torch
+
+    from rcgrpo.config import ConfigError
+    from rcgrpo.models.loading import load_policy, save_policy
+    from rcgrpo.models.profiles import ModelConfig
+    from rcgrpo.run_config import resolve
+    from rcgrpo.tracking import orphans
+
+    rc = resolve(None, "cpu", "rctp+rc-grpo", {}, ["finetune", "rl"], 1)
+    monkeypatch.setenv("RCGRPO_PROJECT", str(tmp_path))
+    policy = load_policy(ModelConfig(profile="tiny"))
+    final = save_policy(policy, tmp_path / "outputs" / "rctp" / "final", {"stage": "rctp"})
+    state = orphans.start("run1", rc.to_dict())
+    orphans.record(state, "rctp", {"run_id": "ft", "model_path": str(final), "config": {}})
+    orphans.record(state, "rl", {"run_id": "rl1"}, done=False)  # RL had started
+    assert orphans.interrupted(rc)["done"]["rctp"]["sha256"] == orphans.model_digest(final)
+    save_policy(policy, final, {"stage": "rctp"})  # the same weights again: the same model
+    assert orphans.model_complete(orphans.interrupted(rc), "rctp")
+    with torch.no_grad():
+        next(policy.model.parameters()).add_(0.01)  # what another fine-tuning leaves
+    save_policy(policy, final, {"stage": "rctp"})
+    with pytest.raises(ConfigError) as refused:
+        orphans.interrupted(rc)
+    message = str(refused.value)
+    assert f"{final} is not the rctp model the interrupted run run1 trained" in message
+    assert "nothing to resume" in message and "\n" not in message
+    assert orphans.model_complete(state, "rctp") is None
 
 
 # -- hangs named -----------------------------------------------------------------------------
@@ -258,12 +296,15 @@ def test_a_stalled_rank_is_named_and_the_run_fails_within_the_window(tmp_path):
 
     from test_distributed import WORKER, free_port
 
+    from rcgrpo.training.rendezvous import SECRET_ENV, write_secret
+
     src = Path(__file__).parents[1] / "src"
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
     }
     env["RCGRPO_TEST_STALL"] = "1:update:600"
+    env[SECRET_ENV] = str(write_secret(tmp_path))  # what every rank proves first
     env["TMPDIR"] = str(tmp_path)  # torchrun's torchelastic_* folder, left behind on a failure
     cmd = [
         sys.executable,

@@ -12,9 +12,9 @@ versions, write the report) so it completes in seconds; the e2e test runs the re
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +26,8 @@ import pytest
 
 from rcgrpo import flow_server, servers
 from rcgrpo.runtime import project_root
+
+SCRIPTS = project_root() / "scripts"
 
 pytestmark = pytest.mark.slow
 CRON = "30 3 * * *"
@@ -250,14 +252,10 @@ def test_websockets_need_the_auth_string_whatever_the_origin(prefect):
         assert seen == ["closed 1008", "closed 1008", "auth_success"], (path, seen)
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian: apt-get install chromium)")
-def test_the_ui_logs_in_with_the_auth_string_in_a_real_browser(prefect, tmp_path):
+def test_the_ui_logs_in_with_the_auth_string_in_a_real_browser(prefect, chromium):
     """The Prefect UI in headless Chromium: a login page first (the API answers 401), then,
     with the auth string typed in, the dashboard, whose API calls answer 200."""
-    seen = asyncio.run(_browse(prefect.url + "/", prefect.auth, tmp_path))
+    seen = _browse(chromium, prefect.url + "/", prefect.auth)
     print(f"before login: {' '.join(seen['before'].split())[:160]!r}; after: {seen['after_url']}; "
           f"API calls after login: {seen['api_after']}")  # fmt: skip
     assert "password" in seen["before"].lower() or "login" in seen["before"].lower(), seen
@@ -267,37 +265,14 @@ def test_the_ui_logs_in_with_the_auth_string_in_a_real_browser(prefect, tmp_path
     assert seen["stored"], seen  # the UI keeps the login (localStorage prefect-password)
 
 
-async def _browse(url: str, auth: str, tmp_path) -> dict:
-    """Drive headless Chromium over the DevTools protocol: open `url`, read the page, type
-    `auth` into its password field, submit, read again; API responses are recorded."""
-    import urllib.request
-
-    import websockets
-
-    port = _free_port()
-    proc = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-                             "--disable-background-networking", f"--user-data-dir={tmp_path}",
-                             f"--remote-debugging-port={port}", "--remote-allow-origins=*",
-                             "about:blank"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    try:
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=2) as r:
-                    tabs = json.load(r)
-                break
-            except OSError:
-                await asyncio.sleep(0.2)
-        page = next(t for t in tabs if t["type"] == "page")["webSocketDebuggerUrl"]
-        async with websockets.connect(page, max_size=None) as ws:
-            return await _login(ws, url, auth)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-async def _login(ws, url: str, auth: str) -> dict:
-    counter, api = [0], {}
+def _browse(chromium: str, url: str, auth: str) -> dict:
+    """Drive headless Chromium (scripts/headless.py: over a pipe, no DevTools port): open `url`,
+    read the page, type `auth` into its password field, submit, read again; the API responses
+    are recorded."""
+    spec = importlib.util.spec_from_file_location("headless", SCRIPTS / "headless.py")
+    headless = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(headless)
+    api = {}
 
     def note(m):
         if m.get("method") == "Network.responseReceived":
@@ -305,46 +280,32 @@ async def _login(ws, url: str, auth: str) -> dict:
             if "/api/" in r["url"]:
                 api[r["url"].split("?")[0]] = r["status"]
 
-    async def cmd(method, **params):
-        counter[0] += 1
-        await ws.send(json.dumps({"id": counter[0], "method": method, "params": params}))
-        while True:
-            m = json.loads(await ws.recv())
-            if m.get("id") == counter[0]:
-                return m.get("result", {})
-            note(m)
+    with headless.Browser(chromium, on_event=note) as browser:
 
-    async def settle(seconds, until=None):
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            try:
-                note(json.loads(await asyncio.wait_for(ws.recv(), 0.5)))
-            except TimeoutError:
-                if until and until in (await js("document.body.innerText")).lower():
-                    return
+        def settle(seconds, until):
+            end = time.monotonic() + seconds
+            while time.monotonic() < end and until not in browser.text().lower():
+                browser.pump(0.5)
 
-    async def js(expr):
-        return (await cmd("Runtime.evaluate", expression=expr))["result"].get("value") or ""
-
-    for domain in ("Network", "Page", "Runtime"):
-        await cmd(f"{domain}.enable")
-    await cmd("Page.navigate", url=url)
-    await settle(60, until="password")
-    before = await js("document.location.href + ' ' + document.body.innerText")
-    api.clear()
-    typed = """(() => { const i = document.querySelector('input[type=password]');
-        if (!i) return 'no password field';
-        Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set.call(i, AUTH);
-        i.dispatchEvent(new Event('input', {bubbles: true}));
-        const b = [...document.querySelectorAll('button')].find(b => /log ?in/i.test(b.innerText))
-          || document.querySelector('button[type=submit]');
-        if (b) { b.click(); return 'clicked'; } i.closest('form').requestSubmit(); return 'sent';
-      })()""".replace("AUTH", json.dumps(auth))
-    await js(typed)
-    await settle(60, until="flow runs")
-    return {"before": before, "after_url": await js("document.location.href"),
-            "after": await js("document.body.innerText"), "api_after": dict(api),
-            "stored": await js("localStorage.getItem('prefect-password')")}  # fmt: skip
+        for domain in ("Network", "Runtime"):
+            browser.cmd(f"{domain}.enable")
+        browser.cmd("Page.navigate", url=url)
+        settle(60, until="password")
+        before = browser.js("document.location.href + ' ' + document.body.innerText") or ""
+        api.clear()
+        typed = """(() => { const i = document.querySelector('input[type=password]');
+            if (!i) return 'no password field';
+            Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set.call(i, AUTH);
+            i.dispatchEvent(new Event('input', {bubbles: true}));
+            const b = [...document.querySelectorAll('button')].find(b => /log ?in/i.test(b.innerText))
+              || document.querySelector('button[type=submit]');
+            if (b) { b.click(); return 'clicked'; } i.closest('form').requestSubmit(); return 'sent';
+          })()""".replace("AUTH", json.dumps(auth))
+        browser.js(typed)
+        settle(60, until="flow runs")
+        return {"before": before, "after_url": browser.js("document.location.href"),
+                "after": browser.text(), "api_after": dict(api),
+                "stored": browser.js("localStorage.getItem('prefect-password')")}  # fmt: skip
 
 
 EPHEMERAL = """

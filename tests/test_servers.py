@@ -8,13 +8,21 @@ processes and real signals:
 * a `rcgrpo data build` killed with SIGTERM mid-flow: whoever reads its output gets EOF at once
   (`timeout 30 rcgrpo run ...` took 4 min 13 s: the orphan server held the pipe);
 * modules planted in the working directory (mmap.py, json.py, uvicorn.py) are not imported by
-  the tool worker, the server's guard or the server (a mmap.py ran inside the tool worker).
+  the tool worker, the server's guard or the server (a mmap.py ran inside the tool worker);
+* a server whose caller had the stop signals blocked (a mask passes through fork and exec) still
+  stops with `servers.stop`: its guard unblocks them (it used to be killed after 15 s, and
+  the server ran on).
+
+The commands these tests signal start as from a terminal (`as_from_a_terminal`) from a runner
+left as CI may leave it (`started_like_ci`: SIGHUP and SIGINT ignored, SIGTERM blocked): the
+SIGHUP case failed in CI exactly so, the command ignoring the SIGHUP it had inherited.
 
     .venv/bin/pytest tests/test_servers.py -q
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -42,6 +50,47 @@ def plant(folder: Path) -> Path:
             f"import pathlib\npathlib.Path({str(markers)!r}, {name!r}).write_text('ran')\n"
         )
     return markers
+
+
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+TERMINAL = ("import os, signal, sys; s = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP); "
+            "[signal.signal(n, signal.SIG_DFL) for n in s]; "
+            "signal.pthread_sigmask(signal.SIG_UNBLOCK, s); os.execvp(sys.argv[1], sys.argv[1:])")  # fmt: skip
+
+
+def as_from_a_terminal(cmd: list[str]) -> list[str]:
+    """`cmd`, started (same pid, by exec) with SIGINT, SIGTERM and SIGHUP at their defaults and
+    unblocked, as a terminal starts it, whatever this test runner inherited. A signal ignored
+    or blocked is inherited across fork and exec: under `nohup` (SIGHUP ignored) or as a
+    background job of a script (POSIX shells without job control ignore SIGINT there), the
+    command rightly ignores the signal a test sends it, and the test waits out its limit."""
+    return [sys.executable, "-P", "-c", TERMINAL, *cmd]
+
+
+@contextlib.contextmanager
+def started_like_ci():
+    """This runner's signal state as `nohup .ci/run &` from a script leaves it (SIGHUP and SIGINT
+    ignored), with SIGTERM blocked too, while the block runs (main thread only)."""
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGHUP, signal.SIGINT)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def signal_state(pid: int) -> dict[str, set[str]]:
+    """{"SigBlk": ..., "SigIgn": ...}: which of SIGINT, SIGTERM, SIGHUP process `pid` blocks
+    (its main thread) and ignores, from /proc/<pid>/status."""
+    state = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("SigBlk", "SigIgn"):
+            bits = int(value, 16)
+            state[key] = {s.name for s in STOPS if bits >> (s - 1) & 1}
+    return state
 
 
 def descendants(pid: int) -> set[int]:
@@ -123,8 +172,10 @@ def test_a_commands_prefect_server_stops_with_it(tmp_path, sig):
     markers = plant(tmp_path / "cwd")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env |= {"PREFECT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(project_root() / "src")}
-    proc = subprocess.Popen([sys.executable, "-P", "-c", PARENT], cwd=tmp_path / "cwd", env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    with started_like_ci():
+        proc = subprocess.Popen(as_from_a_terminal([sys.executable, "-P", "-c", PARENT]),
+                                cwd=tmp_path / "cwd", env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     try:
         seen = json.loads(proc.stdout.readline())
         assert seen["result"] == 1 and seen["api"].startswith("http://127.0.0.1:")
@@ -157,8 +208,9 @@ def test_a_killed_data_build_closes_its_output_at_once(tmp_path):
     env |= {"PREFECT_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
     cmd = [sys.executable, "-m", "rcgrpo.cli", "data", "build", "--set", f"root={root}",
            "--set", "rollouts=off", "--set", "train_tasks=40", "--set", "test_tasks=20"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
+    with started_like_ci():
+        proc = subprocess.Popen(as_from_a_terminal(cmd), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
     lines = []
     try:
         for line in proc.stdout:
@@ -179,3 +231,39 @@ def test_a_killed_data_build_closes_its_output_at_once(tmp_path):
     assert lines and closed < 10, (closed, "".join(lines)[-2000:], rest[-2000:])
     assert below and not alive(below), alive(below)
     print(f"SIGTERM mid-flow: output closed after {closed:.1f} s, {len(below)} processes gone")
+
+
+SERVER = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # a worker of the server
+time.sleep(600)
+"""
+
+
+def test_a_server_stops_even_when_its_caller_blocked_the_stop_signals(tmp_path):
+    """A signal mask is inherited across fork and exec: started from a thread that blocks
+    SIGTERM, SIGINT and SIGHUP, the guard still takes the stop of `servers.stop` and ends the
+    server with its worker (it used to ignore it: killed after 15 s, the server left running)."""
+    from rcgrpo import servers
+
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    try:
+        server = servers._spawn("blocked", [sys.executable, "-c", SERVER], dict(os.environ),
+                                "", "", tmp_path / "server.log")  # fmt: skip
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    below: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while len(below) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the server and its worker are up
+            below = descendants(server.proc.pid)
+        assert len(below) == 2, below
+        assert signal_state(server.proc.pid)["SigBlk"] == set()  # the guard took its signals
+        servers.stop(server)
+        assert server.proc.returncode is not None and not alive(below), alive(below)
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+        for pid in alive(below):
+            os.kill(pid, signal.SIGKILL)

@@ -130,6 +130,7 @@ def _dict_content(line: bytes) -> bytes:
         (lambda line: b"[" * 100_000 + b"]" * 100_000 + b"\n", "nested too deep"),
         (_dict_content, "string (or null) 'content'"),
         (lambda line: line[:-2] + b', "pad": "' + b"x" * (5 << 20) + b'"}\n', "MiB limit"),
+        (lambda line: line[:-2] + b', "n": ' + b"9" * 5000 + b"}\n", "4300 digits"),
     ],
 )
 def test_bad_jsonl_rows_fail_in_one_line_naming_the_row(tmp_path, spoil, says):
@@ -166,3 +167,61 @@ def test_unknown_task_id_fails_in_one_line_before_the_model_loads(tmp_path):
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode != 0 and len(lines) == 1, out.stderr[-2000:]
     assert "record 2: unknown task id 'multi_turn_base_99999'" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b'{\n "pipeline": "\xff\xfe"}', "line 2: byte 0xff is not UTF-8"),
+        (b'{"pipeline": ' + b"9" * 5000 + b"}", "4300 digits"),
+    ],
+)
+def test_bad_run_config_files_fail_in_one_line(tmp_path, content, says):
+    """`rcgrpo stage NAME --config FILE` (what DVC and every torchrun rank run) and
+    `--params FILE`: a file that is not UTF-8, or holds a number of 5,000 digits, ended in a
+    traceback."""
+    from test_hardening import one_line_error
+
+    bad = tmp_path / "run.json"
+    bad.write_bytes(content)
+    out = cli("stage", "rctp", "--config", str(bad))
+    one_line_error(out, f"--config {bad}: ")
+    assert says in out.stderr
+    if b"\xff" in content:  # params.yaml, read by every command
+        (tmp_path / "params.yaml").write_bytes(b"rl:\n  lr: \xff\n")
+        out = cli("stage", "rctp", "--params", str(tmp_path / "params.yaml"))
+        one_line_error(out, f"{tmp_path / 'params.yaml'}: line 2: byte 0xff is not UTF-8")
+
+
+def test_alias_bomb_in_a_committed_data_dvc_is_one_line(tmp_path):
+    """`rcgrpo data rollback REV` to a commit whose data.dvc is a 300-byte YAML alias bomb (8
+    levels of 9: 43M leaves once expanded). The refusal printed the expanded `outs` and hung;
+    now the file is refused unread above 64 kB, and its aliases at parse time, in one line,
+    before anything is touched."""
+    from test_rollback_remotes import _commit
+    from test_versioning import git
+
+    from rcgrpo.data.publishing import publish
+    from rcgrpo.data.rollback import rollback
+    from rcgrpo.data.versioning import VersioningError, file_md5s
+
+    root = make_project(tmp_path / "proj")
+    publish(built(root, 0)[0], root)
+    before = file_md5s(root / "data")
+    names = "abcdefgh"
+    bomb = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+        f"{b}: &{b} [{','.join(['*' + a] * 9)}]\n"
+        for a, b in zip(names[:-1], names[1:], strict=True)
+    )
+    bomb += "outs: *h\n"
+    assert len(bomb) < 320
+    crafted = _commit(root, {"data.dvc": bomb}, "bomb")
+    big = _commit(root, {"data.dvc": "outs: []\n" + "#" * 70_000 + "\n"}, "big")
+    git(root, "reset", "-q", "--hard", "HEAD~2")
+    for rev, says in ((crafted, "YAML aliases (*a) are not accepted"), (big, "70,010 bytes")):
+        with pytest.raises(VersioningError) as refused:
+            rollback(rev, root)
+        message = str(refused.value)
+        assert says in message and "Nothing was changed" in message, message[:400]
+        assert "\n" not in message and len(message) < 400
+    assert file_md5s(root / "data") == before

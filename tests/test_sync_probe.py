@@ -71,7 +71,7 @@ def test_a_normal_sync_passes_and_a_skipped_one_is_caught(trainer, monkeypatch):
     h = hashlib.sha256()
     for path in sorted(folder.iterdir()):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    assert engine.model_name == f"policy-v{engine.version}-{h.hexdigest()[:16]}"
+    assert engine.model_name == f"policy-v{engine.version}-{h.hexdigest()[:32]}"
     assert normal["sync/logprob_gap"] < 1e-4 < normal["sync/policy_drift"]
 
     served = engine.model_name

@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_servers import alive, descendants
+from test_servers import alive, as_from_a_terminal, descendants, started_like_ci
 
 
 def _free_port() -> int:
@@ -56,8 +56,9 @@ def _start(home):
     env.pop("PREFECT_API_URL", None)
     cmd = [sys.executable, "-m", "rcgrpo.cli", "ui", "--mlflow-port", str(mport),
            "--prefect-port", str(pport)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
+    with started_like_ci():  # as from a terminal, whatever the runner inherited (test_servers)
+        proc = subprocess.Popen(as_from_a_terminal(cmd), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
     lines: list[str] = []
     deadline = time.monotonic() + 200
     while time.monotonic() < deadline:
@@ -68,6 +69,17 @@ def _start(home):
         if "Ctrl-C stops both" in line:
             break
     return proc, (mport, pport), "".join(lines)
+
+
+def _until_exit(proc) -> str:
+    """proc's remaining output once it exits (60 s at most); if it does not, it is killed
+    (its guards then stop its servers) so that a failed test leaves nothing running."""
+    try:
+        return proc.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
 
 
 def _ports_free_and_nothing_left(ports, below, within=10.0) -> float:
@@ -101,7 +113,7 @@ def test_ui_starts_both_on_localhost_and_ctrl_c_stops_them(home):
         below = descendants(proc.pid)
     finally:
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
-        rest = proc.communicate(timeout=60)[0]
+        rest = _until_exit(proc)
     assert proc.returncode == 0, rest
     assert "stopped" in rest
     _ports_free_and_nothing_left((mport, pport), below)
@@ -116,7 +128,7 @@ def test_sigterm_and_sighup_stop_everything(home, sig):
     assert len(below) >= 4  # two guards, two servers (and MLflow's uvicorn)
     start = time.monotonic()
     proc.send_signal(sig)
-    rest = proc.communicate(timeout=60)[0]
+    rest = _until_exit(proc)
     _ports_free_and_nothing_left(ports, below)
     took = time.monotonic() - start
     assert proc.returncode == 0 and f"stopping ({sig.name})" in rest and "stopped" in rest, rest
@@ -130,11 +142,12 @@ def test_the_death_of_one_server_stops_the_other(home):
     assert "Ctrl-C stops both" in text, text
     below = descendants(proc.pid)
     cmdlines = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in below}
-    prefect = [p for p, c in cmdlines.items() if b"server\0start" in c and b"rcgrpo.procs" not in c]
+    app = b"prefect.server.api.server:create_app"  # the Prefect server (uvicorn), not its guard
+    prefect = [p for p, c in cmdlines.items() if app in c and b"rcgrpo.procs" not in c]
     assert len(prefect) == 1, prefect
     start = time.monotonic()
     os.kill(prefect[0], signal.SIGKILL)
-    rest = proc.communicate(timeout=60)[0]
+    rest = _until_exit(proc)
     _ports_free_and_nothing_left(ports, below)
     took = time.monotonic() - start
     assert took < 10, took

@@ -8,6 +8,10 @@ The pipeline runs with small sizes in a temporary copy of the project, fine-tune
 Debian's `chromium` package: installed here with apt-get when missing and running as root,
 otherwise the test is skipped and says why. ~4-6 min on 2 cores; PNGs under the test's tmp dir.
 
+The check killed while Chromium runs (SIGINT, SIGTERM, SIGHUP, or its parent killed): no Chromium
+process, no profile and no MLflow UI are left, and no DevTools port was open (Chromium is driven
+over a pipe; sandboxed unless root). ~30-60 s each, on a store holding one finished pipeline run.
+
     .venv/bin/pytest tests/test_ui_check.py -q
 """
 
@@ -15,14 +19,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 from test_pipeline_e2e import copy_env, copy_project, run_in_copy
+from test_servers import alive, descendants
 
 from rcgrpo.runtime import project_root
 
@@ -35,26 +41,6 @@ SETS = [
     "rollout.max_total_tokens=1536", "rollout.max_steps=3", "traces.rl_every=1",
     "traces.rl_groups=0",
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    """Debian's chromium: on PATH, else installed with apt-get as root, else a skip saying why."""
-    found = shutil.which("chromium")
-    if found:
-        return found
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("the UI check needs Debian's `chromium` package; it is not installed and this "
-                    "user cannot install it (needs root and apt-get: apt-get install -y chromium)")  # fmt: skip
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
-    out = subprocess.run(install, env=env, capture_output=True, text=True, timeout=1200)
-    if out.returncode:  # a fresh machine may not have read its package lists yet
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=600)
-        out = subprocess.run(install, env=env, capture_output=True, text=True, timeout=1200)
-    if out.returncode or not shutil.which("chromium"):
-        pytest.skip(f"apt-get install chromium failed: {(out.stdout + out.stderr)[-300:]}")
-    return shutil.which("chromium")
 
 
 def test_finished_run_seen_in_the_ui(prefect_server, tmp_path, chromium):
@@ -131,3 +117,92 @@ def test_finished_run_seen_in_the_ui(prefect_server, tmp_path, chromium):
     trace_page = (shots / "trace_failure.txt").read_text()
     assert report["traces"]["failure"]["tool"] in trace_page
     print(json.dumps(report, indent=1))
+
+
+@pytest.fixture(scope="module")
+def one_run_store(tmp_path_factory) -> Path:
+    """A real MLflow store holding experiment `rcgrpo` and one finished `pipeline` run."""
+    from mlflow.tracking import MlflowClient
+
+    store = tmp_path_factory.mktemp("ui_check_store")
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db")
+    run = client.create_run(client.create_experiment("rcgrpo"), run_name="pipeline")
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return store
+
+
+PARENT = "import subprocess, sys; subprocess.Popen(sys.argv[1:]).wait()"  # a parent to kill
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _listening_inodes() -> set[str]:
+    rows = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        rows += [ln.split() for ln in Path(table).read_text().splitlines()[1:]]
+    return {f[9] for f in rows if f[3] == "0A"}  # 0A: LISTEN
+
+
+def _sockets(pid: int) -> set[str]:
+    try:
+        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return set()
+    return {link[8:-1] for link in links if link.startswith("socket:[")}
+
+
+@pytest.mark.parametrize("kill", ["SIGINT", "SIGTERM", "SIGHUP", "parent"])
+def test_a_killed_ui_check_leaves_no_browser(chromium, one_run_store, tmp_path, kill):
+    check = [sys.executable, str(project_root() / "scripts" / "ui_check.py"), "--store",
+             str(one_run_store), "--out", str(tmp_path / "out")]  # fmt: skip
+    cmd = [sys.executable, "-c", PARENT, *check] if kill == "parent" else check
+    env = {**os.environ, "RCGRPO_CHROMIUM": chromium}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    try:
+        browser, deadline = [], time.monotonic() + 240
+        while not browser and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)  # the MLflow UI starts first, then the browser
+            below = descendants(proc.pid)
+            browser = [p for p in below if "--remote-debugging-pipe" in _cmdline(p)]
+        assert browser, f"no Chromium started: {proc.poll()}"
+        time.sleep(3)  # its helpers are up
+        below = descendants(proc.pid)
+        flags = _cmdline(browser[0])
+        assert not [f for f in flags if f.startswith("--remote-debugging-port")], flags
+        assert ("--no-sandbox" in flags) == (os.geteuid() == 0), flags  # sandboxed unless root
+        profile = Path(next(f for f in flags if f.startswith("--user-data-dir=")).split("=", 1)[1])
+        assert profile.is_dir() and profile.stat().st_mode & 0o077 == 0
+        group = {p for p in below if _pgid(p) == browser[0]}  # the browser's process group
+        assert len(group) > 1, group  # with its helpers (zygote, renderer, ...)
+        open_ports = set().union(*(_sockets(p) for p in group)) & _listening_inodes()
+        assert not open_ports, f"Chromium listens on a TCP port ({len(open_ports)} sockets)"
+        if kill == "parent":
+            proc.kill()  # the check's parent dies; the check gets SIGTERM (PR_SET_PDEATHSIG)
+            proc.wait()
+            check_pid = next(p for p in below if _cmdline(p)[1:2] == check[1:2])
+            deadline = time.monotonic() + 60
+            while alive({check_pid}) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        else:
+            proc.send_signal(getattr(signal, kill))
+            out = proc.communicate(timeout=60)[0]
+            assert proc.returncode == 128 + getattr(signal, kill), out[-2000:]
+    finally:
+        for pid in alive(descendants(proc.pid)) | ({proc.pid} if proc.poll() is None else set()):
+            os.kill(pid, signal.SIGKILL)
+        proc.wait()
+    assert not alive(below), f"left running: {[_cmdline(p)[:2] for p in alive(below)]}"
+    assert not profile.exists(), sorted(p.name for p in profile.iterdir())

@@ -41,12 +41,23 @@ def params_path() -> Path:
     return project_root() / "params.yaml"
 
 
+def utf8(raw: bytes, where: str) -> str:
+    """`raw` as text; ConfigError in one line naming the line of the first byte that is not
+    UTF-8 (a traceback before)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{where}: line {line}: byte {raw[e.start]:#04x} is not UTF-8") from None
+
+
 def read_params(path: Path | None = None) -> dict:
     path = Path(path) if path else params_path()
     if not path.exists():
         raise ConfigError(f"{path} not found: run from the rcgrpo checkout or pass --params")
+    text = utf8(path.read_bytes(), str(path))
     try:
-        data = yaml_load(path.read_text()) or {}
+        data = yaml_load(text) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {e}") from None
     if not isinstance(data, dict):

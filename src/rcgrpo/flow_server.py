@@ -3,8 +3,11 @@ a private Prefect API server that lives and dies with the command.
 
 Why a private server and not Prefect's ephemeral one: Prefect's outlived a kill -9 or a SIGTERM
 of the command (re-parented to PID 1) and held its stdout open; this one runs under the guard of
-rcgrpo.procs like every server of rcgrpo.servers, with a fresh auth string per run. The auth
-string of `rcgrpo ui`'s server goes only to a server of this user that asks for it.
+rcgrpo.procs like every server of rcgrpo.servers, with a fresh auth string per run, on a port
+this command binds and holds until the server stops (rcgrpo.servers.listen). The auth string of
+`rcgrpo ui`'s server goes only to a server of this user that asks for it; an exported
+PREFECT_API_URL on this machine is used only when its port's listener runs as this user
+(`checked_api_url`): any local user can listen on a port that is free.
 
     with private_prefect():        # PREFECT_API_URL + PREFECT_API_AUTH_STRING set inside
         flow()
@@ -17,12 +20,25 @@ import contextlib
 import importlib.util
 import os
 import secrets
+import socket
 import sys
 from pathlib import Path
 
-from rcgrpo.procs import port_is_mine
+from rcgrpo.procs import port_is_mine, port_owner
 from rcgrpo.runtime import apply_defaults
-from rcgrpo.servers import HOST, _logs, _spawn, answers, prefect_auth, stop, uvicorn, wait_ready
+from rcgrpo.servers import (
+    HOST,
+    ServerError,
+    _logs,
+    _spawn,
+    answers,
+    listen,
+    prefect_auth,
+    private_prefect_home,
+    stop,
+    uvicorn,
+    wait_ready,
+)
 
 
 def prefect_api_running(port: int = 4200, home: Path | None = None) -> tuple[str, str] | None:
@@ -43,12 +59,46 @@ def prefect_for_flows(stack: contextlib.ExitStack) -> str:
     one; else `rcgrpo ui`'s server when it answers and takes this machine's auth string (the
     runs show there live); else a `private_prefect` server that stops with the command."""
     if os.environ.get("PREFECT_API_URL"):
-        return os.environ["PREFECT_API_URL"]
+        return checked_api_url(os.environ["PREFECT_API_URL"])
     if found := prefect_api_running():
         stack.enter_context(use_prefect(*found))
         return found[0]
     server = stack.enter_context(private_prefect())
     return f"{server.url}/api (this command's own, stopped with it; `rcgrpo ui` keeps a UI)"
+
+
+def checked_api_url(url: str) -> str:
+    """`url` (PREFECT_API_URL) if its clients may send it the auth string: a server at an
+    address of this machine (loopback included) must run as this user (its port's listener,
+    from /proc/net/tcp), since any local user can listen on a free port there; a server
+    elsewhere is the user's to vouch for. Else ServerError in one line, before anything is sent."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if not on_this_machine(parts.hostname or "") or port_is_mine(port):
+        return url
+    raise ServerError(
+        f"PREFECT_API_URL={url}: port {port} is held by {port_owner(port)}, not by a server of "
+        "yours: nothing was sent to it. Unset PREFECT_API_URL (rcgrpo finds `rcgrpo ui`'s "
+        "server itself) or start yours on that port"
+    )
+
+
+def on_this_machine(host: str) -> bool:
+    """Whether `host` names an address of this machine (a socket can be bound to it here)."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+    except (socket.gaierror, UnicodeError):
+        return False
+    for family, kind, _, _, address in infos:
+        with socket.socket(family, kind) as probe:
+            try:
+                probe.bind((address[0], 0))
+            except OSError:
+                continue
+            return True
+    return False
 
 
 @contextlib.contextmanager
@@ -59,9 +109,8 @@ def private_prefect(log_dir: Path | None = None, timeout: float | None = None):
     PREFECT_API_AUTH_STRING point this process (and its children) at it inside the block.
     Queued Prefect logs and events are sent before it stops. Start it from the main thread."""
     apply_defaults()
-    with contextlib.closing(__import__("socket").socket()) as s:
-        s.bind((HOST, 0))
-        port = s.getsockname()[1]
+    private_prefect_home()  # its database: the flow runs' parameters and logs
+    sock = listen(0, "PREFECT_API_URL")  # bound here, handed to the server, held until it stops
     auth = f"rcgrpo:{secrets.token_urlsafe(24)}"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env |= {  # as Prefect starts its ephemeral one
@@ -73,11 +122,10 @@ def private_prefect(log_dir: Path | None = None, timeout: float | None = None):
     }
     site = str(Path(importlib.util.find_spec("prefect").origin).parents[1])
     factory = "prefect.server.api.server:create_app"
-    cmd = uvicorn(site, factory, port, "--log-level", "error", "--lifespan", "on")
-    url = f"http://{HOST}:{port}"
+    cmd = uvicorn(site, factory, sock, "--log-level", "error", "--lifespan", "on")
     log = _logs(log_dir) / "prefect-private.log"
-    server = _spawn("Prefect API (this command's)", cmd, env, url, f"{url}/api/health", log)
-    server.auth = auth
+    server = _spawn("Prefect API (this command's)", cmd, env, "/api/health", log, sock)
+    server.auth, url = auth, server.url
     try:
         limit = timeout or float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
         wait_ready([server], limit)

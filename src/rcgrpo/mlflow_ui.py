@@ -18,7 +18,7 @@ and CORS for those two origins, jobs off). The guard, before MLflow sees a reque
   it once; scripts send `basic_auth_header`); only `GET /health` is open;
 - the assistant routes -> 403 unless RCGRPO_MLFLOW_ASSISTANT=1; the gateway is off through
   MLFLOW_ENABLE_AI_GATEWAY=false unless RCGRPO_MLFLOW_GATEWAY=1.
-The password is random, kept in <store>/ui-password (mode 0600, made on first use).
+The password is random, new at each start, kept in <store>/ui-password (mode 0600).
 
 The pipeline itself writes to the SQLite store in-process; none of this is in its way.
 
@@ -38,8 +38,9 @@ import secrets
 import uuid
 from pathlib import Path
 
+from rcgrpo.owned import private_dir
 from rcgrpo.runtime import apply_defaults
-from rcgrpo.servers import HOST, Server, _logs, _spawn, check_port, uvicorn
+from rcgrpo.servers import HOST, Server, _logs, _spawn, listen, url_of, uvicorn
 
 USER = "rcgrpo"
 PASSWORD_FILE = "ui-password"  # in the store folder, mode 0600
@@ -47,19 +48,29 @@ OPEN = {"/health"}  # liveness, answered without the login (GET/HEAD only)
 ASSISTANT = "/ajax-api/3.0/mlflow/assistant"
 
 
-def password(store: Path) -> str:
+def password(store: Path, new: bool = False) -> str:
     """The UI password of `store` (made on first use, 0600 from the first byte; a copy others
-    could read is set back to 0600)."""
+    could read is set back to 0600). `new`: replace it (each UI start: a browser tab left open
+    after the UI stopped sends the old one to whoever listens on the port next)."""
     path = Path(store) / PASSWORD_FILE
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):  # O_EXCL: another start made it first
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(24) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if new:  # written beside it, 0600 from the first byte, then put in its place
+        tmp = path.with_name(f".{PASSWORD_FILE}.{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        _write_new(tmp)
+        os.replace(tmp, path)
+    elif not path.exists():
+        with contextlib.suppress(FileExistsError):  # another start made it first
+            _write_new(path)
     if path.stat().st_mode & 0o077:
         path.chmod(0o600)
     return path.read_text().strip()
+
+
+def _write_new(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(24) + "\n")
 
 
 def basic_auth_header(store: Path) -> str:
@@ -122,14 +133,15 @@ def create_app():
     return LoginGuard(app, f"{USER}:{password(store)}", hosts, assistant)
 
 
-def start_mlflow(store: Path, port: int = 5000, log_dir: Path | None = None) -> Server:
-    """The MLflow UI on <store>/mlflow.db and <store>/artifacts, behind the guard (see above)."""
+def start_mlflow(store: Path, port: int = 5000, log_dir: Path | None = None, sock=None) -> Server:
+    """The MLflow UI on <store>/mlflow.db and <store>/artifacts, behind the guard (see above),
+    on `sock` (default: rcgrpo.servers.listen(port): bound by this process, handed over)."""
     apply_defaults()
-    check_port(port, "--mlflow-port")
-    store = Path(store).resolve()
-    store.mkdir(parents=True, exist_ok=True)
-    password(store)  # made here, before the server reads it
-    url = f"http://{HOST}:{port}"
+    store = private_dir(Path(store).resolve())  # the runs are the user's alone (0700)
+    sock = sock or listen(port, "--mlflow-port")
+    port = sock.getsockname()[1]
+    password(store, new=True)  # a fresh one per start, made before the server reads it
+    url = url_of(sock)
     db = f"sqlite:///{store / 'mlflow.db'}"
     env = {
         **os.environ,
@@ -150,6 +162,6 @@ def start_mlflow(store: Path, port: int = 5000, log_dir: Path | None = None) -> 
     }
     src = str(Path(__file__).resolve().parents[1])  # --app-dir: never the working directory
     cmd = uvicorn(
-        src, "rcgrpo.mlflow_ui:create_app", port, "--workers", "1", "--log-level", "warning"
+        src, "rcgrpo.mlflow_ui:create_app", sock, "--workers", "1", "--log-level", "warning"
     )
-    return _spawn("MLflow UI", cmd, env, url, f"{url}/health", _logs(log_dir) / "mlflow-ui.log")
+    return _spawn("MLflow UI", cmd, env, "/health", _logs(log_dir) / "mlflow-ui.log", sock)

@@ -10,7 +10,11 @@ A server started by `rcgrpo` (the two UIs of `rcgrpo ui`, the Prefect API server
     group; it re-checks getppid() right after the prctl (the caller may have died before);
   * on SIGTERM / SIGINT / SIGHUP, or when the command exits by itself, the guard sends SIGTERM
     to the whole group and SIGKILL after `--grace` seconds (a uvicorn that waits for a
-    browser's open websocket would hold the port much longer), then exits.
+    browser's open websocket would hold the port much longer), then exits;
+  * the guard unblocks those three signals first: a signal mask is inherited across fork and
+    exec, and a caller that had SIGTERM blocked (a thread of a library that blocks signals
+    while it spawns) gave a guard that never saw its stop, so `servers.stop` killed the guard
+    after 15 s and the server ran on, orphaned.
 
 PR_SET_PDEATHSIG fires when the *thread* that forked the guard exits, so `guarded` called from
 another thread (a Prefect task's worker thread) asks the guard to rely on the getppid() poll
@@ -34,16 +38,22 @@ import time
 from pathlib import Path
 
 GRACE_S = 5.0  # SIGTERM -> SIGKILL: ports are free within ~6 s of a stop
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what stops a guard
 
 
-def guarded(cmd: list[str], grace: float = GRACE_S, module: bool = True) -> list[str]:
+def guarded(
+    cmd: list[str], grace: float = GRACE_S, module: bool = True, pass_fds: tuple[int, ...] = ()
+) -> list[str]:
     """argv that runs `cmd` under the guard, watching this process (see the module doc).
     `-P`: the working directory is not put on the guard's sys.path. module=False: the guard
-    runs as this file, so it needs no PYTHONPATH (the child inherits the environment as given)."""
+    runs as this file, so it needs no PYTHONPATH (the child inherits the environment as given).
+    pass_fds: descriptors the command gets under the same numbers (a listening socket bound by
+    the caller; the caller's Popen must pass them to the guard too)."""
     import threading
 
     guard = ["-m", "rcgrpo.procs"] if module else [str(Path(__file__).resolve())]
     poll = [] if threading.current_thread() is threading.main_thread() else ["--poll-only"]
+    fds = [a for fd in pass_fds for a in ("--pass-fd", str(fd))]
     return [
         sys.executable,
         "-P",
@@ -53,6 +63,7 @@ def guarded(cmd: list[str], grace: float = GRACE_S, module: bool = True) -> list
         "--grace",
         str(grace),
         *poll,
+        *fds,
         "--",
         *cmd,
     ]
@@ -111,15 +122,17 @@ def stop_group(pgid: int, grace: float = GRACE_S, child: subprocess.Popen | None
 def guard_main(argv: list[str]) -> int:
     ppid = int(argv[argv.index("--ppid") + 1])
     grace = float(argv[argv.index("--grace") + 1])
-    cmd = argv[argv.index("--") + 1 :]
-    if "--poll-only" not in argv[: argv.index("--")]:
+    cmd, own = argv[argv.index("--") + 1 :], argv[: argv.index("--")]
+    fds = tuple(int(own[i + 1]) for i, a in enumerate(own) if a == "--pass-fd")
+    if "--poll-only" not in own:
         set_parent_death_signal()
     if os.getppid() != ppid:  # the caller died before the prctl took effect
         return 1
     stopping: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, lambda n, _f: stopping.append(n))
-    child = subprocess.Popen(cmd, start_new_session=True)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # the command inherits this mask
+    child = subprocess.Popen(cmd, start_new_session=True, pass_fds=fds)
     while not stopping and os.getppid() == ppid and child.poll() is None:
         time.sleep(0.5)
     stop_group(child.pid, grace, child)
@@ -168,8 +181,8 @@ def port_owner(port: int) -> str:
         except OSError:
             continue
         if any(link[8:-1] in inodes for link in links if link.startswith("socket:[")):
-            raw = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").strip()
-            return f"pid {pid} ({raw.decode(errors='replace')[:120]})"
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            return f"pid {pid} ({' '.join(raw.decode(errors='replace').split())[:120]})"
     return "a process this user cannot see" if inodes else "a socket not listening yet"
 
 

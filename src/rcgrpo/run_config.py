@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rcgrpo.config import SECTIONS, ConfigError, build, read_params, section_class
+from rcgrpo.config import SECTIONS, ConfigError, build, read_params, section_class, utf8
 from rcgrpo.fields import show
 from rcgrpo.runtime import project_root
 
@@ -88,10 +88,15 @@ class RunConfig:
     @classmethod
     def load(cls, path: Path) -> RunConfig:
         """A run_config.json back, every section checked again (a hand edit fails in one line)."""
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(f"--config {path}: not a readable run_config.json ({e})") from None
+        try:  # ValueError: bad JSON (its line), a number of over 4,300 digits
+            data = json.loads(utf8(Path(path).read_bytes(), f"--config {path}"))
+        except ConfigError:  # not UTF-8: its line
+            raise
+        except (OSError, ValueError) as e:
+            reason = " ".join(str(e).split())[:200]
+            raise ConfigError(
+                f"--config {path}: not a readable run_config.json ({reason})"
+            ) from None
         return cls.from_dict(data, f"--config {path}")
 
     @classmethod

@@ -1,6 +1,7 @@
 """One pipeline run at a time per project: `rcgrpo run` and a scheduled run take an exclusive
-lock on <project>/cache/rcgrpo-run.lock for the rest of their process; a second one fails at
-once, in one line naming the holder (pid, start time, command).
+lock on <project>/cache/locks/rcgrpo-run.lock for the rest of their process; a second one fails
+at once, in one line naming the holder (pid, start time, command). The lock folder is the user's
+alone (0700, rcgrpo.owned): another local user cannot open the file, so cannot hold the lock.
 
 Why a process-long flock rather than a block: two runs share outputs/ and the MLflow store
 (both once created mlflow.db at the same moment, and one died in alembic), so everything a run
@@ -22,7 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-LOCK = Path("cache") / "rcgrpo-run.lock"
+from rcgrpo.owned import lock_dir, open_lock
+
+LOCK = "rcgrpo-run.lock"  # in the project's lock folder (rcgrpo.owned.lock_dir)
 _held: dict[str, int] = {}  # lock path -> its open descriptor, for the life of the process
 
 
@@ -33,11 +36,10 @@ class RunLocked(RuntimeError):
 def hold(root: str | Path, wait_s: float = 0.0) -> Path:
     """Take the project's run lock for the rest of this process (waiting up to `wait_s`);
     RunLocked in one line naming the holder if another process keeps it. Returns its path."""
-    path = (Path(root) / LOCK).resolve()
+    fd, path = open_lock(lock_dir(root), LOCK)
     if str(path) in _held:
+        os.close(fd)
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -52,7 +54,6 @@ def hold(root: str | Path, wait_s: float = 0.0) -> Path:
                     "it to finish or stop it"
                 ) from None
             time.sleep(0.5)
-    os.set_inheritable(fd, False)  # the servers and workers it starts do not keep it
     since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
     os.ftruncate(fd, 0)

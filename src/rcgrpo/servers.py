@@ -19,6 +19,13 @@ own origin and CSRF tokens on every POST/PUT/PATCH/DELETE (Prefect's clients fet
 The MLflow UI asks for its own login (rcgrpo.mlflow_ui, which starts it). tests/test_schedule.py
 and tests/test_servers.py check these against started servers.
 
+Whose port. The caller binds each server's port itself (`listen`) before the server starts, hands
+the listening socket over as a file descriptor (`uvicorn --fd`) and keeps its own copy until the
+server is stopped. So between the check and the server there is no moment when another user
+could take the port: he would get the browser's login and the UI's secrets (a server that
+binds by itself seconds after a free-port check loses that race). While the caller lives the
+port stays bound, even if the server dies.
+
     rcgrpo ui                      # both, until Ctrl-C (see rcgrpo.cli.ui)
     from rcgrpo.servers import start_prefect, stop
     server = start_prefect(port=4201); ...; stop(server)
@@ -28,8 +35,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import importlib.util
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -37,7 +46,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from rcgrpo.procs import GRACE_S, child_env, guarded, port_free, port_owner
+from rcgrpo.owned import private_dir, private_files
+from rcgrpo.procs import GRACE_S, child_env, guarded, port_owner
 from rcgrpo.runtime import apply_defaults, project_root
 
 HOST = "127.0.0.1"
@@ -56,43 +66,62 @@ class Server:
     health: str  # answers 200 once ready
     log: Path
     auth: str | None = None  # Prefect: the API auth string
+    sock: socket.socket | None = None  # the listening socket it was given; closed by stop()
 
 
-def _bin(name: str) -> str:
-    """The console script next to this interpreter (the venv's), else whatever PATH has."""
-    here = Path(sys.executable).parent / name
-    return str(here) if here.exists() else name
-
-
-def check_port(port: int, option: str) -> None:
-    """ServerError in one line naming the process that holds 127.0.0.1:<port>, if one does."""
-    if not port_free(port, HOST):
+def listen(port: int, option: str) -> socket.socket:
+    """A socket listening on HOST:port (0: a free one), bound here for a server to be handed
+    (see the module doc); ServerError in one line naming the process that holds the port."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past connections' TIME_WAIT
+    try:
+        sock.bind((HOST, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
         raise ServerError(
             f"port {port} on {HOST} is taken by {port_owner(port)}: stop it, or pick another "
             f"port with {option}"
-        )
+        ) from None
+    return sock
 
 
-def _spawn(name: str, cmd: list[str], env: dict, url: str, health: str, log: Path) -> Server:
+def _spawn(
+    name: str, cmd: list[str], env: dict, health: str, log: Path, sock: socket.socket
+) -> Server:
+    """The guarded server `cmd`, given `sock` under the same descriptor number (uvicorn --fd);
+    `health` the path that answers 200 once it is ready."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:  # never our stdout: a reader of it would wait for the server
-        proc = subprocess.Popen(
-            guarded(cmd),
-            env=child_env(env),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=log.parent,
-            start_new_session=True,
-        )
-    return Server(name, proc, url, health, log)
+    fd = sock.fileno()
+    try:
+        with log.open("wb") as out:  # never our stdout: a reader of it would wait for the server
+            proc = subprocess.Popen(
+                guarded(cmd, pass_fds=(fd,)),
+                env=child_env(env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=log.parent,
+                start_new_session=True,
+                pass_fds=(fd,),
+                umask=0o077,  # what a server writes (its SQLite database) is the user's alone
+            )
+    except BaseException:
+        sock.close()
+        raise
+    return Server(name, proc, url_of(sock), url_of(sock) + health, log, sock=sock)
 
 
-def uvicorn(app_dir: str, factory: str, port: int, *options: str) -> list[str]:
-    """The command serving the ASGI app `factory` ("module:function") on HOST:port. `-P` and
-    --app-dir: the working directory never enters sys.path (a planted module there would run)."""
+def url_of(sock: socket.socket) -> str:
+    return f"http://{HOST}:{sock.getsockname()[1]}"
+
+
+def uvicorn(app_dir: str, factory: str, sock: socket.socket, *options: str) -> list[str]:
+    """The command serving the ASGI app `factory` ("module:function") on the listening `sock`
+    (`--fd`: _spawn passes it down). `-P` and --app-dir: the working directory never enters
+    sys.path (a planted module there would run)."""
     cmd = [sys.executable, "-P", "-m", "uvicorn", "--app-dir", app_dir, "--factory", factory]
-    return [*cmd, "--host", HOST, "--port", str(port), *options]
+    return [*cmd, "--fd", str(sock.fileno()), *options]
 
 
 def _logs(log_dir: Path | None) -> Path:
@@ -101,6 +130,14 @@ def _logs(log_dir: Path | None) -> Path:
 
 def prefect_home(home: Path | None = None) -> Path:
     return Path(home or os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+
+
+def private_prefect_home(home: Path | None = None) -> Path:
+    """PREFECT_HOME as the user's alone before a Prefect server uses it: 0700, its SQLite
+    database (every flow run, its parameters and logs) 0600, also one made before."""
+    folder = private_dir(prefect_home(home))
+    private_files(folder, "prefect.db*")
+    return folder
 
 
 def prefect_auth(home: Path | None = None, create: bool = True) -> str | None:
@@ -122,37 +159,37 @@ def prefect_auth(home: Path | None = None, create: bool = True) -> str | None:
 
 
 def start_prefect(
-    port: int = 4200, home: Path | None = None, log_dir: Path | None = None
+    port: int = 4200,
+    home: Path | None = None,
+    log_dir: Path | None = None,
+    sock: socket.socket | None = None,
 ) -> Server:
-    """`prefect server start` (SQLite under PREFECT_HOME; `home` overrides it, e.g. in tests),
-    with the machine's auth string (`prefect_auth`)."""
+    """Prefect's server with its UI (SQLite under PREFECT_HOME; `home` overrides it, e.g. in
+    tests), with the machine's auth string (`prefect_auth`), on `sock` (default: `listen(port)`).
+    It is what `prefect server start --background` runs (uvicorn on Prefect's create_app, its
+    services in the app), given the socket instead of a port to bind."""
     apply_defaults()
-    check_port(port, "--prefect-port")
+    sock = sock or listen(port, "--prefect-port")
     env = dict(os.environ)
     env.pop("PREFECT_API_URL", None)  # the server itself must not point at another one
     if home is not None:
         env["PREFECT_HOME"] = str(home)
-    url = f"http://{HOST}:{port}"
+    private_prefect_home(home)
+    url = url_of(sock)
     auth = prefect_auth(home)
     env["PREFECT_SERVER_API_AUTH_STRING"] = env["PREFECT_API_AUTH_STRING"] = auth
-    # `--port` does not reach the UI's settings (it would call :4200): tell it where its API is
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    env["PREFECT__SERVER_FINAL"] = "1"  # as `prefect server start` creates its app
+    # the UI's settings do not know the port: tell it where its API is
     env["PREFECT_UI_API_URL"] = f"{url}/api"
     # CORS only for the UI's own origin, and CSRF tokens on every POST/PUT/PATCH/DELETE
     env["PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS"] = url
     env["PREFECT_SERVER_API_CORS_ALLOWED_METHODS"] = "GET,POST,PUT,PATCH,DELETE,OPTIONS"
     env["PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED"] = "true"
-    cmd = [
-        _bin("prefect"),
-        "server",
-        "start",
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--analytics-off",
-    ]
+    site = str(Path(importlib.util.find_spec("prefect").origin).parents[1])
+    cmd = uvicorn(site, "prefect.server.api.server:create_app", sock, "--log-level", "warning")
     log = _logs(log_dir) / "prefect-server.log"
-    server = _spawn("Prefect UI", cmd, env, url, f"{url}/api/health", log)
+    server = _spawn("Prefect UI", cmd, env, "/api/health", log, sock)
     server.auth = auth
     return server
 
@@ -192,12 +229,16 @@ def stop(server: Server, timeout: float = GRACE_S + 10) -> None:
     the group (SIGKILL after GRACE_S); SIGKILL to the guard's group if it has not gone by then."""
     import signal
 
-    if server.proc.poll() is not None:
-        return
-    server.proc.send_signal(signal.SIGTERM)
     try:
-        server.proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.proc.pid, signal.SIGKILL)
-        server.proc.wait()
+        if server.proc.poll() is not None:
+            return
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.proc.pid, signal.SIGKILL)
+            server.proc.wait()
+    finally:
+        if server.sock is not None:  # the port is free again only now
+            server.sock.close()

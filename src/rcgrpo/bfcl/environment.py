@@ -7,7 +7,7 @@ thousands of episodes can live at once, in several threads. There is no module-l
 state; the only memo is the per-class list of public method names.
 
 `Episode` (what everything outside the sandbox uses) keeps its instances in a sandbox worker
-process (rcgrpo.bfcl.sandbox), where each call runs under a wall-clock and a memory limit;
+process (rcgrpo.bfcl.sandbox), where each call runs under a time and a memory limit;
 `LocalEpisode` holds them in this process and is what that worker (and the checkers' replay in
 it) runs.
 
@@ -171,7 +171,7 @@ class LocalEpisode(_Turns):
 
 
 class Episode(_Turns):
-    """One episode whose calls run in a sandbox worker, under its wall-clock and memory limits.
+    """One episode whose calls run in a sandbox worker, under its time and memory limits.
 
     The API instances live in the worker; this object keeps the turn bookkeeping and the log of
     executed calls, from which a replacement worker rebuilds the state after a kill. A call that
@@ -207,11 +207,10 @@ class Episode(_Turns):
         if budget <= 0:  # the episode's tool time is spent: nothing more runs
             n = len(calls)
             return [OUT_OF_TIME] * n, [False] * n, None, [True] * n, [0.0] * n
-        start = time.monotonic_ns()
-        observations, ok, extra, overran, seconds = self.sandbox.run_step(
-            self._id, self.task, self._log, calls, None, start + int(budget * 1e9)
+        observations, ok, extra, overran, seconds, spent = self.sandbox.run_step(
+            self._id, self.task, self._log, calls, None, budget
         )
-        self.tool_seconds += (time.monotonic_ns() - start) / 1e9
+        self.tool_seconds += spent
         self._log += [c for c, o in zip(calls, overran, strict=True) if not o]
         return observations, ok, extra, overran, seconds
 

@@ -10,7 +10,8 @@ every argument a literal (str, number, bool, None, and lists/tuples/dicts/sets o
 is ever handed to eval/exec; `10**10**10`, lambdas, attribute chains, f-strings and comprehensions
 are rejected at parse time. Text and literal sizes are capped before and during parsing.
 
-Every accepted call is in the one form the checkers score: JSON names and argument keys must be
+Where the calls sit in a message (tags, a fence, text that starts like a call) is found by
+rcgrpo.bfcl.call_text. Every accepted call is in the one form the checkers score: JSON names and argument keys must be
 ASCII identifiers (a key such as `source='a', destination='b') #` would otherwise be written
 into the stored call string as code), every number finite (`NaN` runs live but its string
 `nan` does not read back), and `str(call)` must read back as the same call. A call that fails
@@ -29,21 +30,14 @@ import re
 import warnings
 from dataclasses import dataclass, field
 
+from rcgrpo.bfcl.call_text import looks_like_a_call, tagged, unfenced
+
 MAX_TEXT_CHARS = 32_000  # longest model text we parse; longer is rejected unread
 MAX_DEPTH = 16  # deepest literal nesting accepted
 MAX_NODES = 4_000  # most literal elements in one text
 MAX_CALLS = 64  # most calls in one model message
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # ASCII only: ast folds others by NFKC
-_TOOL_CALL_TAG = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.DOTALL)
-# Text that tries to call something: it starts like `name(`, `a.b[0](`, `[`, `(`, `{"name"`,
-# `import`, or it touches a dunder anywhere. Such text gets an error observation when it is not a valid call;
-# plain prose ("The file is moved.") is an answer, not an attempt.
-_CALL_START = re.compile(
-    r'^\s*([\[(]|\{\s*"(name|function)"|import\s|from\s+\w+\s+import\s'
-    r"|[A-Za-z_]\w*(\.\w+|\[[^\]]*\])*\s*\()"
-)
 
 
 class CallError(ValueError):
@@ -228,10 +222,8 @@ def _parse_python(text: str, budget: _Budget) -> list[Call]:
 
 
 def _parse_block(block: str, budget: _Budget) -> list[Call]:
-    block = block.strip()
-    fenced = _FENCE.match(block)
-    if fenced:
-        block = fenced.group(1).strip()
+    inside = unfenced(block.strip())
+    block = block.strip() if inside is None else inside
     if block.startswith("{") or re.match(r"^\[\s*\{", block):
         return _parse_json(block, budget)
     return _parse_python(block, budget)
@@ -261,12 +253,12 @@ def _parse_text(text: str) -> Parsed:
     """`parse_calls` without the read-back check."""
     if len(text) > MAX_TEXT_CHARS:
         return Parsed([], [f"message of {len(text)} characters is over the {MAX_TEXT_CHARS} limit"])
-    blocks = _TOOL_CALL_TAG.findall(text)
+    blocks = tagged(text)
     stripped = text.strip()
-    fenced = _FENCE.match(stripped)
-    body = fenced.group(1).strip() if fenced else stripped
+    body = unfenced(stripped)
+    body = stripped if body is None else body
     if not blocks:
-        if not (_CALL_START.match(body) or "__" in body):
+        if not looks_like_a_call(body):
             return Parsed([], [])
         blocks = [body]
     budget, calls, errors = _Budget(), [], []

@@ -7,7 +7,9 @@ calls, each just under the call limit (`[power(base=3, exponent=12000000)] x 20`
 2.6 s a call), and an episode holds up to 20 messages a turn. Calls left when a budget runs out
 are answered "not run: time budget" and never run; the call running at that moment is stopped.
 The defaults are far above what a task needs: all 800 ground truths run in ~1 min in one process
-(75 ms a task), and the slowest legitimate call is far under a second.
+(75 ms a task), and the slowest legitimate call is far under a second. All three are in the
+worker's own time of the model's calls (rcgrpo.bfcl.progress.OwnClock: wall time less waits for
+a CPU): a busy box, a worker's start and the replay that rebuilds a killed one spend none of it.
 
     rcgrpo config show env
 """
@@ -23,7 +25,7 @@ class EnvConfig:
     """params.yaml `env:` — limits of the tool calls (rcgrpo.bfcl.sandbox enforces them)."""
 
     tool_timeout_s: float = ranged(
-        5.0, "(0, inf)", "wall-clock limit of one tool call; then the worker is killed (SIGKILL)"
+        5.0, "(0, inf)", "limit of one tool call's own time (wall less CPU waits); then SIGKILL"
     )
     tool_memory_mb: int = ranged(
         4096, "[256, inf)", "address-space limit (RLIMIT_AS) of the tool worker process"

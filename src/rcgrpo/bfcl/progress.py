@@ -1,12 +1,20 @@
 """The progress protocol between the tool-call sandbox's parent (bfcl/sandbox.py) and its worker
-(bfcl/tool_worker.py): a shared memfd holding (call index, start time, reason).
+(bfcl/tool_worker.py): a shared memfd holding (call index, start, reason, deadline, since), and
+the clock the tool limits are measured in.
 
 Before each model call the worker writes the call's index and start into it (`mark`), which the
-parent reads to enforce the per-call wall-clock limit; a MemoryError inside a tool is reported
-through it (`out_of_memory`) before the worker exits. The episode and the replay call the guards
-made here, so they need nothing else of the worker.
+parent reads to enforce the per-call limit; a MemoryError inside a tool is reported through it
+(`out_of_memory`) before the worker exits. The episode and the replay call the guards made here,
+so they need nothing else of the worker.
 
-    .venv/bin/pytest tests/test_sandbox.py -q
+Why a call's own time (`OwnClock`) and not wall time: on a busy box a call waits for a CPU most
+of the time (a 2 s `square_root` took 11 s of wall at load 25 on 2 cores, past the 5 s limit),
+so a wall-clock limit killed legitimate calls and made observations, and rewards, depend on the
+box's load. The own clock is CLOCK_MONOTONIC less the time the worker waited for a CPU (the
+kernel's run_delay in /proc/PID/schedstat): time on a CPU or blocked counts, time the box gave
+to others does not. Without schedstat it is the wall clock.
+
+    .venv/bin/pytest tests/test_sandbox.py tests/test_time_budget.py -q
 """
 
 from __future__ import annotations
@@ -20,7 +28,9 @@ from dataclasses import dataclass
 IDLE, TRUSTED = -2, -1  # progress marks: between requests; a replayed / ground-truth call
 OUT_OF_TIME = "Error during execution: not run: time budget"  # env.message/episode_timeout_s
 OOM = 1
-LAYOUT = struct.Struct("<qqq")  # call index, start (monotonic ns), reason
+NO_DEADLINE = 1 << 62
+# call index, its start, reason, the message's deadline, the message's start (own-clock ns)
+LAYOUT = struct.Struct("<qqqqq")
 
 
 @dataclass(frozen=True)
@@ -30,45 +40,86 @@ class Failure:
     message: str
 
 
+class OwnClock:
+    """A process's own time in ns: CLOCK_MONOTONIC less the time its main thread (where tools
+    run) waited for a CPU. Read by the worker for itself and by the parent for the worker; a
+    read while the worker waits in the run queue counts that one wait until it ends."""
+
+    def __init__(self, pid: int | str = "self"):
+        try:
+            self._fd: int | None = os.open(f"/proc/{pid}/schedstat", os.O_RDONLY)
+        except OSError:  # no schedstat on this kernel: the wall clock
+            self._fd = None
+
+    def now(self) -> int | None:
+        """Own-clock ns; None once the process is gone."""
+        if self._fd is None:
+            return time.monotonic_ns()
+        try:
+            waited = int(os.pread(self._fd, 128, 0).split()[1])  # run_delay, ns
+        except (OSError, IndexError, ValueError):
+            return None
+        return time.monotonic_ns() - waited
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 _progress: mmap.mmap | None = None  # set only inside a worker process
+_clock: OwnClock | None = None
 
 
 def attach(memory: mmap.mmap) -> None:
     """Make this process a worker that reports its progress into `memory` (tool_worker.py)."""
-    global _progress
-    _progress = memory
+    global _progress, _clock
+    _progress, _clock = memory, OwnClock()
 
 
-def mark(index: int) -> None:
-    """Record that call `index` starts now (the parent's clock for the wall-clock limit)."""
+def own_ns() -> int:
+    """This worker's own-clock ns (the wall clock outside a worker)."""
+    now = _clock.now() if _clock is not None else None
+    return time.monotonic_ns() if now is None else now
+
+
+def mark(index: int, deadline: int = NO_DEADLINE, since: int = 0) -> None:
+    """Record that call `index` starts now (the parent's reading for the per-call limit), the
+    own-clock `deadline` of its message and when the message's calls began."""
     if _progress is not None:
-        LAYOUT.pack_into(_progress, 0, index, time.monotonic_ns(), 0)
+        LAYOUT.pack_into(_progress, 0, index, own_ns(), 0, deadline, since)
 
 
 def out_of_memory() -> None:
     """Called on a MemoryError inside a tool: tell the parent why, and end this worker."""
     if _progress is not None:
-        index = LAYOUT.unpack_from(_progress, 0)[0]
-        LAYOUT.pack_into(_progress, 0, index, time.monotonic_ns(), OOM)
+        index, start, _, deadline, since = LAYOUT.unpack_from(_progress, 0)
+        LAYOUT.pack_into(_progress, 0, index, start, OOM, deadline, since)
         os._exit(70)
     raise MemoryError
 
 
-def model_guard(skip: dict[int, str], deadline_ns: int | None = None):
+class ModelGuard:
     """Guard for model calls: numbers them, marks each start, answers skipped ones itself, and
-    every call that would start at or after `deadline_ns` (CLOCK_MONOTONIC) with OUT_OF_TIME."""
-    counter = iter(range(1 << 62))
+    every call once the message's `budget_ns` of own time (from here) is spent with OUT_OF_TIME."""
 
-    def guard() -> str | None:
-        index = next(counter)
-        if index in skip:
-            return skip[index]
-        if deadline_ns is not None and time.monotonic_ns() >= deadline_ns:
+    def __init__(self, skip: dict[int, str], budget_ns: int | None = None):
+        self.skip, self.count = skip, 0
+        self.since = own_ns()  # after any replay: only the model's calls count
+        self.deadline = NO_DEADLINE if budget_ns is None else self.since + budget_ns
+
+    def __call__(self) -> str | None:
+        index, self.count = self.count, self.count + 1
+        if index in self.skip:
+            return self.skip[index]
+        if self.deadline != NO_DEADLINE and own_ns() >= self.deadline:
             return OUT_OF_TIME
-        mark(index)
+        mark(index, self.deadline, self.since)
         return None
 
-    return guard
+    def spent_ns(self) -> int:
+        """Own time since the message's calls began."""
+        return own_ns() - self.since
 
 
 def trusted_guard() -> None:

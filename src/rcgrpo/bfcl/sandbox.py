@@ -1,13 +1,14 @@
-"""Tool calls run in a worker process with a wall-clock and a memory limit enforced from outside.
+"""Tool calls run in a worker process with a time and a memory limit enforced from outside.
 
 A BFCL tool is plain Python on model-chosen literals, and some literals never return:
 `power(base=10, exponent=300000000)` computes a 10^9-bit integer inside one C call (no signal,
 no thread can interrupt it), `logarithm(value=2, base=3, precision=50000000)` asks mpmath for
 50 M digits. So every call runs in a long-lived worker subprocess (one per thread of the parent)
 that holds the episodes' API instances:
-  * wall clock: before each call the worker writes (call index, start time) into a shared
-    8-byte-aligned memfd; the parent waits on the pipe and SIGKILLs the worker once the running
-    call is `tool_timeout_s` old (CLOCK_MONOTONIC is system-wide);
+  * time: before each call the worker writes (call index, start) into a shared 8-byte-aligned
+    memfd; the parent waits on the pipe and SIGKILLs the worker once the running call has taken
+    `tool_timeout_s` of the worker's own time: wall time less its waits for a CPU, so a busy box
+    slows a call down but does not kill it (rcgrpo.bfcl.progress.OwnClock);
   * memory: the worker runs under `RLIMIT_AS = tool_memory_mb`; a MemoryError ends the worker;
   * after a kill (or any death: OOM, segfault, an outside `kill -9`) a fresh worker is started,
     each episode is rebuilt on its next use by replaying its earlier calls (the API classes are
@@ -32,14 +33,13 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import weakref
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from rcgrpo.bfcl.limits import EnvConfig
 from rcgrpo.bfcl.observations import set_max_chars
-from rcgrpo.bfcl.progress import IDLE, LAYOUT, OOM, TRUSTED, Failure
+from rcgrpo.bfcl.progress import IDLE, LAYOUT, NO_DEADLINE, OOM, TRUSTED, Failure, OwnClock
 
 
 class SandboxError(RuntimeError):
@@ -48,9 +48,10 @@ class SandboxError(RuntimeError):
 
 # -- parent side ---------------------------------------------------------------------------------
 class _Killed(Exception):
-    def __init__(self, index: int, why: str):
+    def __init__(self, index: int, why: str, spent_ns: int = 0):
         super().__init__(why)
         self.index, self.why = index, why
+        self.spent_ns = spent_ns  # own time of the model calls of the message it cut short
 
 
 class Sandbox:
@@ -97,7 +98,8 @@ class Sandbox:
         os.close(to_parent)
         self._progress = mmap.mmap(progress_fd, LAYOUT.size)
         os.close(progress_fd)
-        LAYOUT.pack_into(self._progress, 0, IDLE, time.monotonic_ns(), 0)
+        LAYOUT.pack_into(self._progress, 0, IDLE, 0, 0, NO_DEADLINE, 0)
+        self._clock = OwnClock(self._proc.pid)
         self._out = Connection(to_worker, readable=False)
         self._in = Connection(from_worker, writable=False)
         self._live.clear()
@@ -111,6 +113,7 @@ class Sandbox:
             self._proc.wait()
             self._out.close()
             self._in.close()
+            self._clock.close()
 
     def close(self) -> None:
         with self._lock:
@@ -122,24 +125,27 @@ class Sandbox:
         """The worker's pid (None before the first request)."""
         return self._proc.pid if self._proc is not None else None
 
-    def _wait(self, sent_at: int, deadline_ns: int | None = None):
+    def _wait(self):
         """The worker's reply, or _Killed once the running call overruns (its own limit, or for
-        a model call the message's `deadline_ns`) or the worker dies."""
+        a model call its message's deadline) or the worker dies. Both are in the worker's own
+        time, which runs no faster than the wall clock: waiting `left` never overshoots."""
         limit_ns = int(self.config.tool_timeout_s * 1e9)
         while True:
-            index, started, _ = LAYOUT.unpack_from(self._progress, 0)
-            end = max(started, sent_at) + limit_ns
-            budget = deadline_ns is not None and index >= 0 and deadline_ns < end
-            left = ((deadline_ns if budget else end) - time.monotonic_ns()) / 1e9
-            if index != IDLE and left <= 0:
+            index, started, _, deadline, since = LAYOUT.unpack_from(self._progress, 0)
+            now = self._clock.now() if index != IDLE else None
+            left, budget = 0.05, False  # idle, or the worker is gone: its pipe or status tells
+            if now is not None:
+                budget = index >= 0 and deadline < started + limit_ns
+                left = ((deadline if budget else started + limit_ns) - now) / 1e9
+            if left <= 0:
                 self._stop()
                 why = (
                     "timed out: time budget"
                     if budget
                     else (f"timed out after {self.config.tool_timeout_s:g}s")
                 )
-                raise _Killed(index, why)
-            if self._in.poll(max(left, 0.001) if index != IDLE else 0.05):
+                raise _Killed(index, why, now - since if index >= 0 else 0)
+            if self._in.poll(max(left, 0.001)):
                 try:
                     return self._in.recv()
                 except (EOFError, OSError):
@@ -148,7 +154,7 @@ class Sandbox:
                 return self._died()
 
     def _died(self):
-        index, _, reason = LAYOUT.unpack_from(self._progress, 0)
+        index, _, reason, _, _ = LAYOUT.unpack_from(self._progress, 0)
         code = self._proc.wait()
         self._stop()
         if reason == OOM:
@@ -157,13 +163,14 @@ class Sandbox:
             why = f"the tool process died (exit status {code})"
         raise _Killed(index, why)
 
-    def request(self, op: str, tasks: list, make_args, retries: int = 3, deadline_ns=None):
+    def request(self, op: str, tasks: list, make_args, retries: int = 3, spent=None):
         """Send one request; on a kill, restart the worker and resend with the call skipped.
         Returns (reply, indices of the skipped calls).
 
         `tasks` are those the arguments name by `id(task)` (sent once per worker); make_args(skip)
         builds the op's arguments (episodes rebuild themselves when not live); skip maps a
-        model-call index to its error observation.
+        model-call index to its error observation. `spent` ([ns]) gains the own time of the
+        model calls each kill cut short (a message's budget spans its resends).
         """
         where = ", ".join(dict.fromkeys(t.id for t in tasks)) or op
         with self._lock:
@@ -176,9 +183,8 @@ class Sandbox:
                 new = {id(t): t for t in tasks if id(t) not in self._tasks}
                 message = (op, self._drops[:], new, *make_args(skip))
                 try:
-                    sent_at = time.monotonic_ns()
                     self._out.send(message)
-                    reply = self._wait(sent_at, deadline_ns)
+                    reply = self._wait()
                 except (BrokenPipeError, OSError):  # died while idle (an outside kill)
                     self._stop()
                     self._proc = None
@@ -187,6 +193,8 @@ class Sandbox:
                 except _Killed as killed:
                     self._proc = None
                     self.restarts += 1
+                    if spent is not None:
+                        spent[0] += killed.spent_ns
                     if killed.index == TRUSTED and not killed.why.startswith("the tool process"):
                         raise SandboxError(f"{where}: a trusted call {killed.why}") from None
                     if killed.index >= 0:
@@ -213,20 +221,23 @@ class Sandbox:
         self._drops.append(eid)
         self._live.discard(eid)
 
-    def run_step(self, eid: int, task, log: list, calls: list, want=None, deadline_ns=None):
-        """Execute `calls` in episode `eid`; returns (observations, ok, extra, overran, seconds):
-        overran per call, True for a call that was killed or not run (not part of the state);
-        seconds per call, its wall time in the worker. A call that would start at `deadline_ns`
-        or later is not run; one running then is stopped."""
+    def run_step(self, eid: int, task, log: list, calls: list, want=None, budget_s=None):
+        """Execute `calls` in episode `eid`; returns (observations, ok, extra, overran, seconds,
+        spent): overran per call, True for a call that was killed or not run (not part of the
+        state); seconds per call, its wall time in the worker; spent, the own time the calls
+        took, resends included. Once `budget_s` of it is spent, a call is not run and the one
+        running is stopped; worker starts and replays are not counted."""
+        spent = [0]
 
         def make_args(skip):
             replay = None if eid in self._live else list(log)
-            return id(task), eid, replay, calls, dict(skip), want, deadline_ns
+            left = None if budget_s is None else max(int(budget_s * 1e9) - spent[0], 0)
+            return id(task), eid, replay, calls, dict(skip), want, left
 
-        out, _ = self.request("episode", [task], make_args, deadline_ns=deadline_ns)
-        observations, ok, extra, overran, seconds = out
+        out, _ = self.request("episode", [task], make_args, spent=spent)
+        observations, ok, extra, overran, seconds, took = out
         self._live.add(eid)
-        return observations, ok, extra, overran, seconds
+        return observations, ok, extra, overran, seconds, (spent[0] + took) / 1e9
 
 
 _ALL: weakref.WeakSet[Sandbox] = weakref.WeakSet()

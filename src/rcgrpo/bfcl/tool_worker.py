@@ -3,9 +3,10 @@
 The worker process holds the episodes' API instances and answers the parent's requests: run a
 step of an episode (rebuilding it first from its earlier calls when asked), or score
 trajectories (rcgrpo.bfcl.replay.replay_here). Before each model call it writes (call index,
-start time) into the shared progress memfd, which the parent reads to enforce the wall-clock
-limit; it runs under RLIMIT_AS and reports a MemoryError there before exiting. It holds no
-parent state besides what is sent; model text reaches it only as parsed `Call`s.
+start) into the shared progress memfd, which the parent reads to enforce the per-call limit in
+the worker's own time (rcgrpo.bfcl.progress.OwnClock); it runs under RLIMIT_AS and reports a
+MemoryError there before exiting. It holds no parent state besides what is sent; model text
+reaches it only as parsed `Call`s.
 
     .venv/bin/pytest tests/test_sandbox.py -q   # started by Sandbox, never by hand
 """
@@ -20,7 +21,7 @@ from multiprocessing.connection import Connection
 
 from rcgrpo.bfcl import observations, progress
 from rcgrpo.bfcl.environment import LocalEpisode
-from rcgrpo.bfcl.progress import IDLE, Failure, mark, model_guard, trusted_guard
+from rcgrpo.bfcl.progress import IDLE, Failure, ModelGuard, mark, trusted_guard
 from rcgrpo.bfcl.replay import ground_truth_run, replay_here
 
 
@@ -36,23 +37,24 @@ def _serve(conn_in: Connection, conn_out: Connection) -> None:
         tasks.update(new_tasks)
         try:
             if op == "episode":
-                task_key, eid, replay, calls, skip, want, deadline_ns = args
+                task_key, eid, replay, calls, skip, want, budget_ns = args
                 if replay is not None:  # (re)build from the initial config + earlier calls
                     episode = episodes[eid] = LocalEpisode(tasks[task_key], hide_missed=False)
                     episode.guard = trusted_guard
                     episode.step(replay)
                 episode = episodes[eid]
-                episode.guard = model_guard(skip, deadline_ns)
+                episode.guard = guard = ModelGuard(skip, budget_ns)
                 step = episode.step(calls)
                 extra = None
                 if want == "state":
                     extra = episode.state()
                 elif want == "instances":
                     extra = episode.instances
-                reply = (step.observations, step.ok, extra, step.overran, step.seconds)
+                spent = guard.spent_ns()
+                reply = (step.observations, step.ok, extra, step.overran, step.seconds, spent)
             elif op == "score":  # several trajectories, model calls numbered across all of them
                 items, protocol, paper_too, skip = args
-                guard = model_guard(skip)
+                guard = ModelGuard(skip)
                 reply = [
                     replay_here(tasks[key], calls, protocol, paper_too, guard=guard)
                     for key, calls in items

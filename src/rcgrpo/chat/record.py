@@ -172,6 +172,8 @@ def read_jsonl(path: str | Path) -> list[Trajectory]:
                 raise RecordError(
                     f"{where}: not valid JSON ({e.msg} at column {e.colno})"
                 ) from None
+            except ValueError as e:  # a number of over 4,300 digits (int() refuses to convert)
+                raise RecordError(f"{where}: not a record ({' '.join(str(e).split())})") from None
             except RecursionError:
                 raise RecordError(f"{where}: JSON nested too deep to be a record") from None
             records.append(from_dict(row, where))

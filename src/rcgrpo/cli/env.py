@@ -63,6 +63,10 @@ def _read_calls_file(path: Path) -> list[list[str]]:
         raise typer.BadParameter(
             f"{path} is not valid JSON: {e.msg} (line {e.lineno})", param_hint="--calls"
         ) from None
+    except ValueError as e:  # a number of over 4,300 digits
+        raise typer.BadParameter(
+            f"{path}: {' '.join(str(e).split())[:120]}", param_hint="--calls"
+        ) from None
     if not (
         isinstance(turns, list)
         and all(isinstance(t, list) and all(isinstance(c, str) for c in t) for t in turns)
@@ -102,9 +106,11 @@ def run(
                     "observations": step.observations,
                 }
             )
-            # a call killed by a limit had no effect: scoring it would only overrun again
-            kept = [c for c, o in zip(step.calls, step.overran, strict=True) if not o]
-            turn_executed.append([str(c) for c in kept])
+            # what ran, as the agent loop records it: a call refused live (a function this
+            # episode does not offer) or killed by a limit had no effect, so it is not scored
+            kept = [str(c) for c, ran in zip(step.calls, step.executed, strict=True) if ran]
+            if kept:  # a step where nothing ran is no step of the trajectory (agent loop)
+                turn_executed.append(kept)
         out_turns.append({"user": [m["content"] for m in user], "steps": steps})
         executed.append(turn_executed)
     paper, bfcl = score(task, executed)

@@ -227,15 +227,15 @@ def schedule(
     chosen = [s.strip() for s in stages.split(",") if s.strip()]
     settings = {"sets": _overrides(set_), **({"stages": chosen} if chosen else {})}
     params: dict = {"settings": settings}
-    from rcgrpo.flow_server import prefect_api_running, use_prefect
+    from rcgrpo.flow_server import checked_api_url, prefect_api_running, use_prefect
 
-    found = prefect_api_running()
+    found = None if os.environ.get("PREFECT_API_URL") else prefect_api_running()
     if not os.environ.get("PREFECT_API_URL") and not found:
         typer.echo("no Prefect server of `rcgrpo ui` on 127.0.0.1:4200: start it first", err=True)
         raise typer.Exit(1)
     from flows.deploy import serve
 
-    api = found[0] if found else os.environ["PREFECT_API_URL"]
+    api = found[0] if found else checked_api_url(os.environ["PREFECT_API_URL"])
     typer.echo(f"serving rcgrpo-pipeline/{name} on {api} with cron {cron!r}; Ctrl-C stops")
     with use_prefect(*found) if found else contextlib.nullcontext():
         serve(name, cron, params)

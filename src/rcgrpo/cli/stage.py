@@ -65,6 +65,9 @@ def stage(
     allow_cpu: bool = typer.Option(False, help="run a hub profile or vLLM on the CPU"),
 ) -> None:
     """Run one stage in this process, logging to MLflow; its result goes to result.json."""
+    from rcgrpo.training.launch import as_rank
+
+    as_rank()  # a rank of `--procs N` / `--nnodes N`: dies with its agent (before any import)
     from rcgrpo.config import ConfigError, parse_sets
     from rcgrpo.run_config import STAGES, TRAIN_STAGES, RunConfig, resolve
 

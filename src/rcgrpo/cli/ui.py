@@ -44,15 +44,21 @@ def ui(
 
     if mlflow_port == prefect_port:
         raise servers.ServerError(f"--mlflow-port and --prefect-port are both {mlflow_port}")
-    servers.check_port(mlflow_port, "--mlflow-port")  # both before either starts
-    servers.check_port(prefect_port, "--prefect-port")
+    # both ports bound here before either server starts, and held until both stopped: no one
+    # else can take one in between (rcgrpo.servers.listen)
+    socks = [servers.listen(mlflow_port, "--mlflow-port")]
+    try:
+        socks.append(servers.listen(prefect_port, "--prefect-port"))
+    except servers.ServerError:
+        socks[0].close()
+        raise
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_stop)
     typer.echo("starting the MLflow UI and the Prefect server (about 15-30 s on 2 cores) ...")
     started, code = [], 0
     try:
-        started.append(mlflow_ui.start_mlflow(tracking.store_dir(), mlflow_port))
-        started.append(servers.start_prefect(prefect_port))
+        started.append(mlflow_ui.start_mlflow(tracking.store_dir(), sock=socks[0]))
+        started.append(servers.start_prefect(sock=socks[1]))
         servers.wait_ready(started, timeout)
         auth_file = servers.prefect_home() / servers.AUTH_FILE
         secret = tracking.store_dir() / mlflow_ui.PASSWORD_FILE
@@ -65,8 +71,8 @@ def ui(
             f"its login asks for the password in {auth_file})"
         )
         typer.echo(
-            f"in another terminal: export PREFECT_API_URL={started[1].url}/api "
-            f"PREFECT_API_AUTH_STRING=$(cat {auth_file})  (rcgrpo run / schedule find both)"
+            "rcgrpo run, data build and schedule find this Prefect server by themselves (they "
+            "send the auth string only to a server running as you)"
         )
         typer.echo(f"logs: {started[0].log.parent}   Ctrl-C stops both", err=False)
         sys.stdout.flush()
@@ -87,6 +93,8 @@ def ui(
             signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the stop short
         for s in started:
             servers.stop(s)
+        for sock in socks:  # those no server was started on (stop closed the others)
+            sock.close()
     _say("stopped")
     if code:
         raise typer.Exit(code)

@@ -24,8 +24,9 @@ import uuid
 from pathlib import Path
 
 from rcgrpo.data.versioning import BuildLocked, VersioningError, _git, _md5_of, _remote_dir, push
+from rcgrpo.owned import private_dir
 
-LOCK_NAME = "rcgrpo-build.lock"
+LOCK_NAME, LOCKS = "rcgrpo-build.lock", "rcgrpo-locks"  # .dvc/tmp/rcgrpo-locks/<the lock>
 JOURNAL = "rcgrpo-publish.json"  # in .dvc/tmp: what a publish in progress has moved where
 STAGING, KEPT, PREVIOUS = "rcgrpo-staging-", "rcgrpo-kept-", "rcgrpo-previous-"
 
@@ -159,15 +160,16 @@ def build_lock(root: str | Path, timeout: float = 600.0):
     """Exclusive lock on data/ for one build or rollback; waits up to `timeout` seconds."""
     from filelock import FileLock, Timeout
 
-    tmp = Path(root) / ".dvc" / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    lock, info = FileLock(str(tmp / LOCK_NAME)), tmp / f"{LOCK_NAME}.holder"
+    # 0700, in .dvc/tmp (ignored by git and DVC, in any DVC project): no other user can open the
+    # lock file, so none can hold it
+    folder = private_dir(Path(root) / ".dvc" / "tmp" / LOCKS)
+    lock, info = FileLock(str(folder / LOCK_NAME), mode=0o600), folder / f"{LOCK_NAME}.holder"
     try:
         lock.acquire(timeout=timeout)
     except Timeout:
         holder = info.read_text().strip() if info.exists() else "unknown"
         raise BuildLocked(
-            f"another dataset build or rollback holds {tmp / LOCK_NAME} ({holder}); waited "
+            f"another dataset build or rollback holds {folder / LOCK_NAME} ({holder}); waited "
             f"{timeout:.0f} s. Wait for it to finish or raise dataset.lock_timeout_s."
         ) from None
     try:

@@ -39,6 +39,9 @@ from rcgrpo.data.versioning import (
     file_md5s,
     listing,
 )
+from rcgrpo.fields import yaml_load
+
+MAX_DVC_BYTES = 65_536  # DVC writes ~150 bytes for data/; a larger file is no pointer of ours
 
 
 def _resolve_rev(root: Path, rev: str, dvc_file: str) -> str:
@@ -60,12 +63,24 @@ def target_text(root: Path, full: str, rev: str, dvc_file: str, data_dir: str) -
     raw = subprocess.run(
         ["git", "-C", str(root), "show", f"{full}:{dvc_file}"], capture_output=True, check=True
     ).stdout
+    if len(raw) > MAX_DVC_BYTES:
+        raise VersioningError(
+            f"{dvc_file} at {rev} is {len(raw):,} bytes, over the {MAX_DVC_BYTES:,} a .dvc file "
+            "of one folder can need; refused unread. Nothing was changed"
+        )
+    try:  # no YAML aliases (rcgrpo.fields): a 315-byte bomb expanded when the error printed it
+        doc = yaml_load(raw.decode())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        problem = " ".join(str(e).split())[:160]
+        raise VersioningError(
+            f"{dvc_file} at {rev} is not a .dvc file DVC writes ({problem}); refused. Nothing "
+            "was changed"
+        ) from None
     try:
-        doc = yaml.safe_load(raw.decode())
         outs = doc["outs"]
         path = outs[0]["path"] if isinstance(outs, list) and len(outs) == 1 else None
         wdir = doc.get("wdir", ".")
-    except (yaml.YAMLError, UnicodeDecodeError, TypeError, KeyError, IndexError, AttributeError):
+    except (TypeError, KeyError, IndexError, AttributeError):
         path = wdir = None
     if (
         not isinstance(path, str)

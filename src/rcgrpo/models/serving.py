@@ -12,8 +12,9 @@ ends. Every node's torchrun agent (rcgrpo.tracking.stage.launch: node 0 of `rcgr
 joining node of `--nnodes`, `rcgrpo stage STAGE --procs N`) runs its ranks inside
 `node_bases()`: the run's folder when there is one, else a folder of this node's own for that
 launch, so the ranks of a node share one export (a rank of a joining node used to export its own
-15 GB base). An engine outside any of these exports into its own working folder, removed when
-it closes.
+15 GB base). A kill -9 gives no chance to remove it: the next `served_bases` on this host removes
+the `served-<host>-<pid>` folders whose pid is gone. An engine outside any of these exports into
+its own working folder, removed when it closes.
 
     .venv/bin/pytest tests/test_lifecycle.py -q -k export
 """
@@ -28,6 +29,8 @@ import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+
+from rcgrpo.owned import private_dir, sweep_dead
 
 SERVED_ENV = "RCGRPO_SERVED_DIR"  # the run's folder of served bases (set by served_bases)
 DONE = ".complete"  # written last: a folder without it is an interrupted export
@@ -62,7 +65,7 @@ def shared_base(policy, root: Path) -> Path:
     exclusive lock on root/.lock) and reused by every later one with the same key."""
     from rcgrpo.models.export import export_for_serving
 
-    root.mkdir(parents=True, exist_ok=True)
+    private_dir(root)  # the user's alone: nobody else reads the weights or holds the lock
     folder = root / base_key(policy)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
@@ -77,8 +80,11 @@ def shared_base(policy, root: Path) -> Path:
 @contextlib.contextmanager
 def served_bases(folder: str | Path) -> Iterator[Path]:
     """The run's folder of served bases for everything started inside (env RCGRPO_SERVED_DIR,
-    inherited by the stages' processes), removed on the way out however the run ends."""
+    inherited by the stages' processes), removed on the way out however the run ends. The
+    folders `served-<host>-<pid>` beside it of this host whose process is gone (a kill -9 runs
+    no `finally`) go first; another node's, on a shared outputs/, are its own business."""
     folder = Path(folder).resolve()
+    sweep_dead(folder.parent, f"served-{socket.gethostname()}-")
     old = os.environ.get(SERVED_ENV)
     os.environ[SERVED_ENV] = str(folder)
     try:

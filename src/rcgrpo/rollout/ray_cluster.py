@@ -4,10 +4,12 @@
   * `local` (default): a Ray cluster of this process alone (`ray.init(address="local")`), with
     token authentication whose token file is 0600 in a 0700 temporary folder (Ray's own default
     writes ~/.ray/auth_token world-readable, 0644), deleted when the stage ends;
-  * `auto`: the cluster this node was told about on purpose: RAY_ADDRESS, else the one started
-    with `ray start` (its address in /tmp/ray/ray_current_cluster), said in one log line; else a
-    private one as above. Never what Ray's own "auto" also joins: any gcs_server found in `ps`,
-    e.g. another user's or another run's private cluster;
+  * `auto`: the cluster this node was told about on purpose: RAY_ADDRESS, else the one this
+    user started with `ray start` (its address in /tmp/ray/ray_current_cluster), said in one log
+    line; else a private one as above. Never what Ray's own "auto" also joins: any gcs_server
+    found in `ps`, e.g. another user's or another run's private cluster. And the address file
+    only when it is this user's own (`own_address_file`): /tmp/ray is world-writable, and
+    another user who wrote it there had every rollout sent to his cluster;
   * `ray://host:10001` or `host:6379`: that cluster.
 
 Ray listens on every interface even for a local cluster; the token is the barrier.
@@ -23,6 +25,7 @@ import logging
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 
 OBJECT_STORE_BYTES = 512 * 2**20  # a local Ray started here: bounded shared memory (2-core box)
@@ -40,8 +43,32 @@ def chosen_address(address: str) -> str | None:
         return env
     from ray._common.utils import get_ray_address_file  # written by `ray start` only
 
-    path = get_ray_address_file(None)
-    return open(path).read().strip() or None if os.path.exists(path) else None
+    return own_address_file(get_ray_address_file(None))
+
+
+def own_address_file(path: str) -> str | None:
+    """The address in Ray's cluster file `path` if this user wrote it: a regular file (not a
+    link: opened with O_NOFOLLOW, checked on the descriptor read), owned by this user and
+    writable by no one else; else None, said in one log line."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        log.warning("execution.address=auto: not reading %s (%s): a private cluster", path, e)
+        return None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            log.warning(
+                "execution.address=auto: %s is not this user's own (uid %d, mode %o): not "
+                "joining the cluster it names; starting a private one",
+                path,
+                st.st_uid,
+                stat.S_IMODE(st.st_mode),
+            )
+            return None
+        return f.read(4096).strip() or None
 
 
 @contextlib.contextmanager

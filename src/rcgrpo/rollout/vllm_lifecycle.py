@@ -11,8 +11,9 @@ the owner dies:
     only where the handler is still the default, so a caller's own handler is kept;
   * `scrubbed` drops the launcher's variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*,
     TORCHELASTIC_*): a server started by a torchrun rank must not think it is one;
-  * `leftovers` names a server of this project still running with no guard above it (left by
-    an earlier run that died before the guard existed, or whose guard was killed), in one line;
+  * `leftovers` names a server of this project still running as this user with no guard above
+    it (left by an earlier run that died before the guard existed, or whose guard was killed),
+    in one line;
   * `ipc_dir` keeps a server's ZMQ sockets in a folder of its own, removed with the server.
 
     .venv/bin/pytest tests/test_lifecycle.py -q
@@ -21,6 +22,7 @@ the owner dies:
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from pathlib import Path
@@ -85,8 +87,17 @@ def _ppid(pid: int | str) -> int:
 
 
 def servers_running() -> list[int]:
-    """Pids of every live vLLM server of this project on this machine (any owner we can see)."""
-    return [int(p) for p in filter(str.isdigit, _pids()) if MARK in _cmdline(p)]
+    """Pids of every live vLLM server of this project on this machine that runs as this user
+    (any user can start a process whose command line carries MARK: theirs are not ours to name,
+    nor to advise killing)."""
+    return [int(p) for p in filter(str.isdigit, _pids()) if MARK in _cmdline(p) and _mine(p)]
+
+
+def _mine(pid: str) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 def _pids() -> list[str]:
@@ -102,14 +113,6 @@ def leftovers() -> list[int]:
     return [pid for pid in servers_running() if "python" not in _cmdline(_ppid(pid))]
 
 
-def _running(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie, dead but not yet reaped, is not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 IPC_PREFIX = "rcgrpo-vllm-ipc-"  # + the owner's pid: the temp-dir folder of a server's sockets
 
 
@@ -118,18 +121,16 @@ def ipc_dir() -> Path:
     by default straight in the temp dir, where every server left its sockets behind). Its path
     stays short, since a socket path may not pass 107 bytes: in the temp dir, or in /tmp where
     $TMPDIR is long. VLLMServer.stop removes it; the folders of owners that died without
-    stopping go at the next server start."""
-    import os
-    import shutil
+    stopping go at the next server start (only this user's: the temp dir is shared, and a
+    folder planted there under this name is left alone, however deep)."""
     import tempfile
+
+    from rcgrpo.owned import sweep_dead
 
     base = Path(tempfile.gettempdir())
     if len(str(base)) + len(IPC_PREFIX) + 60 > 107:  # pid-random/ + a 36-char uuid
         base = Path("/tmp")
-    for old in base.glob(f"{IPC_PREFIX}*"):
-        owner = old.name[len(IPC_PREFIX) :].split("-")[0]
-        if owner.isdigit() and not _running(int(owner)):
-            shutil.rmtree(old, ignore_errors=True)
+    sweep_dead(base, IPC_PREFIX)
     return Path(tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-", dir=base))
 
 

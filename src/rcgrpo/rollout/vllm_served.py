@@ -4,7 +4,7 @@ log-probs the server gives a fixed sequence under that name (the sync probe's en
 Why a content hash in the name: vLLM keeps what it derived from an adapter (its LoRA slot, the
 prefix cache of requests made under it) by name, and an adapter reloaded under a name it already
 served can keep answering from the old weights' cache (the field's silent-desync reports). The
-name `policy-v<version>-<16 hex of the sha256 of the exported files>` never names two contents,
+name `policy-v<version>-<32 hex of the sha256 of the exported files>` never names two contents,
 and says which weights a request ran on.
 
     .venv/bin/pytest tests/test_sync_probe.py -q
@@ -23,7 +23,7 @@ def adapter_name(version: int, folder: Path) -> str:
     for path in sorted(Path(folder).iterdir()):
         h.update(path.name.encode() + b"\0")
         h.update(path.read_bytes())
-    return f"policy-v{version}-{h.hexdigest()[:16]}"
+    return f"policy-v{version}-{h.hexdigest()[:32]}"
 
 
 def prompt_logprobs(server, model: str, ids: list[int]) -> list[float]:

@@ -1,10 +1,12 @@
 """A vLLM OpenAI-compatible server in its own venv, started and stopped by the project.
 
 `VLLMServer` runs `python -P -m vllm.entrypoints.openai.api_server` from the vLLM venv
-(rcgrpo.rollout.vllm_venv), bound to 127.0.0.1 on a free
-port, under the parent-death guard of rcgrpo.procs (its own process group), waits for
-`/health`, and `stop()` (also at exit, on SIGTERM and on any exception in `start`) ends the whole
-group; a kill -9 of the owner stops it too (rcgrpo.rollout.vllm_lifecycle says how).
+(rcgrpo.rollout.vllm_venv) on a Unix socket (`--uds`) in a folder of its own (mode 0700, the
+short-path folder of its ZMQ sockets), under the parent-death guard of rcgrpo.procs (its own
+process group), waits for `/health`, and `stop()` (also at exit, on SIGTERM and on any
+exception in `start`) ends the whole group; a kill -9 of the owner stops it too
+(rcgrpo.rollout.vllm_lifecycle says how).
+Why a Unix socket and not a TCP port: rcgrpo.rollout.vllm_socket.
 
 Who may talk to it: a random key per server (VLLM_API_KEY in the server's environment, not on
 its command line) that every request of the client carries (`Authorization: Bearer`), enforced
@@ -34,7 +36,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -47,6 +48,7 @@ from rcgrpo.rollout import colocate, vllm_lifecycle
 from rcgrpo.rollout.call_stats import parse_metrics
 from rcgrpo.rollout.gpu_memory import ServerStartFailed, start_failure
 from rcgrpo.rollout.vllm_lifecycle import group_alive
+from rcgrpo.rollout.vllm_socket import UnixHTTPConnection, check_socket
 from rcgrpo.rollout.vllm_venv import cuda, ensure_venv
 
 START_TIMEOUT_S = 900  # 35-50 s on the 2-core box when quiet; much more when it is shared
@@ -54,14 +56,8 @@ GUARD = "rcgrpo_vllm_guard"  # the guard's module name inside the server's priva
 GRACE_S = 5.0  # SIGTERM -> SIGKILL of the server's group by its parent-death guard
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class VLLMServer:
-    """One server process serving `model` (a transformers folder) at http://127.0.0.1:port."""
+    """One server process serving `model` (a transformers folder) on the Unix socket `socket`."""
 
     def __init__(
         self,
@@ -79,7 +75,7 @@ class VLLMServer:
         self.key = secrets.token_urlsafe(32)  # 256 bits, new for every server start
         self.proc: subprocess.Popen | None = None  # the guard (rcgrpo.procs) above the server
         self.memory = None  # rcgrpo.rollout.gpu_memory.Share asked for on a GPU
-        self.port = 0
+        self.socket: Path | None = None  # its Unix socket, in `ipc` (set by launch)
         self.home: Path | None = None  # private folder: working directory and guard module
         self.ipc: Path | None = None  # vLLM's ZMQ sockets (vllm_lifecycle.ipc_dir)
         self._conns = threading.local()  # one keep-alive connection per client thread
@@ -87,18 +83,12 @@ class VLLMServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """Where it serves, for messages (requests go through `request`)."""
+        return f"unix:{self.socket}"
 
     def command(self, python: Path) -> list[str]:
         cmd = [str(python), "-P", "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
-        cmd += [
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--middleware",
-            f"{GUARD}.BearerGuard",
-        ]
+        cmd += ["--uds", str(self.socket), "--middleware", f"{GUARD}.BearerGuard"]
         if self.sleep_mode and cuda():
             cmd += ["--enable-sleep-mode"]
         if not cuda():
@@ -139,10 +129,10 @@ class VLLMServer:
         python = ensure_venv()
         if left := vllm_lifecycle.leftovers():
             warnings.warn(vllm_lifecycle.leftover_line(left), stacklevel=2)
-        self.port = free_port()
         # mode 0700, beside its log (inside a run: under the run's folder, gone with it)
         self.home = Path(tempfile.mkdtemp(prefix="rcgrpo-vllm-home-", dir=self.log_path.parent))
-        self.ipc = vllm_lifecycle.ipc_dir()  # its ZMQ sockets (a short path), removed by stop()
+        self.ipc = vllm_lifecycle.ipc_dir()  # 0700, a short path, removed by stop(): its ZMQ
+        self.socket = self.ipc / "api.sock"  # sockets and the API's (107 bytes at most)
         shutil.copyfile(Path(__file__).with_name("vllm_guard.py"), self.home / f"{GUARD}.py")
         with open(self.log_path, "w") as log:
             # own session = own process group: stop() signals the API server and its engine core
@@ -183,11 +173,17 @@ class VLLMServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self._failed(f"exit code {self.proc.returncode}")
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-                conn.request("GET", "/health")
-                if conn.getresponse().status == 200:
-                    return conn.close()
+            if self.socket.exists():
+                check_socket(self.socket)
+                with contextlib.suppress(OSError, http.client.HTTPException):
+                    conn = UnixHTTPConnection(self.socket)
+                    conn.timeout = 5
+                    try:
+                        conn.request("GET", "/health")
+                        if conn.getresponse().status == 200:
+                            return
+                    finally:
+                        conn.close()
             time.sleep(1.0)
         self._failed(f"not healthy after {START_TIMEOUT_S} s")
 
@@ -215,9 +211,9 @@ class VLLMServer:
         data = None if body is None else json.dumps(body).encode()
         for attempt in (0, 1):
             conn = getattr(self._conns, "conn", None)
-            fresh = conn is None or conn.port != self.port
+            fresh = conn is None or conn.path != str(self.socket)  # a restart: a new socket
             if fresh:
-                conn = self._conns.conn = http.client.HTTPConnection("127.0.0.1", self.port)
+                conn = self._conns.conn = UnixHTTPConnection(self.socket)
                 self._opened.append(conn)
             conn.timeout = timeout
             try:

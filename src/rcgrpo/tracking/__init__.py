@@ -1,2 +1,2 @@
 """Tracking: MLflow runs (code, data and config versions), the Model Registry, and the run report.
-The only stage that imports mlflow. Imports: bfcl, chat, config, data, evaluation, fields, models, procs, rollout, run_config, runtime, training."""
+The only stage that imports mlflow. Imports: bfcl, chat, config, data, evaluation, fields, models, owned, procs, rollout, run_config, runtime, training."""

@@ -11,8 +11,10 @@ pipeline parent) is never touched: it does not take the lock.
 Resumed. The pipeline's state file, <project>/outputs/pipeline.json, names the last run started
 in the project (its MLflow run id, its resolved config), the stages it completed (the data
 version it built, the fine-tuned model) and the stage runs it started; `interrupted(rc)` reads
-it back and refuses, in one line naming the setting, a config that differs in a way that
-matters. A file of its own rather than MLflow's record: the killed run had no chance to record
+it back and refuses, in one line, a config that differs in a way that matters (naming the
+setting), a fine-tuned model that is not the one the run saved (its recorded sha256: a standalone
+`rcgrpo stage` wrote over it, and RL would resume against another reference) and a run with
+nothing left to resume. A file of its own rather than MLflow's record: the killed run had no chance to record
 anything, and what decides a skip is on disk: data/ still at the version the run built (DVC: not
 dirty), the fine-tuned model's folder still whole. RL resumes from its own checkpoints
 (rcgrpo.training.run_identity checks they are this run's). Settings that move no number may
@@ -26,6 +28,7 @@ what is traced (traces).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -88,8 +91,11 @@ def start(run_id: str, config: dict) -> dict:
 def record(state: dict, stage: str, info: dict, done: bool = True) -> None:
     """Stage `stage` finished (done) or started (its MLflow run, to be reopened on a resume).
     A stage done anew voids what was built on its earlier output: the stages recorded after it
-    and the started runs (RL, always later)."""
+    and the started runs (RL, always later). A finished stage's model is recorded with its
+    digest (`model_digest`), which a resume checks."""
     if done:
+        if "model_path" in info:
+            info = {**info, "sha256": model_digest(info["model_path"])}
         stages = list(state["done"])
         kept = stages[: stages.index(stage)] if stage in stages else stages
         state["done"] = {k: state["done"][k] for k in kept} | {stage: info}
@@ -158,6 +164,25 @@ def interrupted(rc) -> dict:
             f"rcgrpo run --resume: {key} is {now!r} now but was {was!r} in the interrupted run "
             f"{state['run_id']}{more}; resume with its settings, or run without --resume"
         )
+    for stage, info in state["done"].items():
+        if _model(info) == "replaced":  # RL would resume against another reference
+            raise ConfigError(
+                f"rcgrpo run --resume: {info['model_path']} is not the {stage} model the "
+                f"interrupted run {state['run_id']} trained (sha256 {info['sha256']} recorded, "
+                f"{model_digest(info['model_path'])} now: another command replaced it); nothing "
+                "to resume: run without --resume"
+            )
+    holds = [
+        stage
+        for stage, info in state["done"].items()
+        if _model(info) == "whole" or (stage == "data" and data_complete(state))
+    ]
+    if not holds and not state["runs"]:
+        raise ConfigError(
+            f"rcgrpo run --resume: nothing to resume: the interrupted run {state['run_id']} "
+            "left no finished stage that still holds (data/ at its version, its fine-tuned model) "
+            "and no RL run; run without --resume"
+        )
     return state
 
 
@@ -173,11 +198,35 @@ def data_complete(state: dict) -> bool:
 
 
 def model_complete(state: dict, stage: str) -> dict | None:
-    """The stage's {"run_id", "model_path", "config"} when it finished and its saved model's
-    folder is still whole (the policy file save_policy writes last); else None."""
+    """The stage's {"run_id", "model_path", "config", "sha256"} when it finished and its saved
+    model's folder is still whole and the one it saved; else None."""
+    info = state["done"].get(stage)
+    return info if info and _model(info) == "whole" else None
+
+
+def _model(info: dict) -> str | None:
+    """A finished stage's model now: "whole" (the policy file save_policy writes last is there,
+    and the digest is the recorded one), "replaced" (whole, another digest), "gone"; None for a
+    stage without a model (data)."""
     from rcgrpo.models.profiles import POLICY_FILE
 
-    info = state["done"].get(stage)
-    if info and (Path(info["model_path"]) / POLICY_FILE).is_file():
-        return info
-    return None
+    if "model_path" not in info:
+        return None
+    if not (Path(info["model_path"]) / POLICY_FILE).is_file():
+        return "gone"
+    if info.get("sha256") not in (None, model_digest(info["model_path"])):
+        return "replaced"
+    return "whole"
+
+
+def model_digest(folder: str | Path) -> str:
+    """sha256 (first 16 hex) of a saved model folder: each file's path and bytes, by path.
+    Bytes, not dates: a standalone `rcgrpo stage` writing the same weights again is the same
+    model. It reads the whole folder (the adapter and tokenizer of a LoRA policy: MBs)."""
+    folder, digest = Path(folder), hashlib.sha256()
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(file.relative_to(folder)).encode() + b"\0")
+        with file.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]

@@ -2,7 +2,8 @@
 
 The store is an explicit SQLite database, `<project>/mlflow/mlflow.db`, with artifacts in
 `<project>/mlflow/artifacts` (the file store is deprecated; the `mlflow/` folder never holds a
-Python file, it would shadow the package). Telemetry is off (`rcgrpo.runtime.apply_defaults`).
+Python file, it would shadow the package). The folder is the user's alone (0700, the database
+0600), and it is created under a lock in it. Telemetry is off (`rcgrpo.runtime.apply_defaults`).
 
 Every run records, as tags, the git commit of the code (`git.commit`, `git.dirty`), the DVC data
 version (`data.rev` = git revision of the last data.dvc commit, `data.md5` = md5 of the data/
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import math
@@ -41,6 +43,7 @@ import mlflow
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from rcgrpo.owned import open_lock, private_files
 from rcgrpo.runtime import apply_defaults, project_root
 
 EXPERIMENT = "rcgrpo"
@@ -84,22 +87,30 @@ def configure(root: Path | None = None, experiment: str = EXPERIMENT) -> str:
     for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
         logging.getLogger(name).setLevel(logging.WARNING)
     store = store_dir(root)
-    store.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{store / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)  # the Model Registry lives in the same database
-    client = MlflowClient()
-    exp = client.get_experiment_by_name(experiment)
-    if exp is not None:
-        exp_id = exp.experiment_id
-        for key, value in KIND.items():  # a store made before the tag existed
-            if exp.tags.get(key) is None:
-                client.set_experiment_tag(exp_id, key, value)
-    else:
-        location = artifact_root(root) / experiment
-        exp_id = client.create_experiment(
-            experiment, artifact_location=location.as_uri(), tags=KIND
-        )
+    # Under a lock in the store's folder (0700: the runs are the user's alone): two processes
+    # on a fresh checkout (two `rcgrpo stage`) both created the tables, and one died in alembic.
+    fd, _ = open_lock(store, ".store.lock")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.close(os.open(store / "mlflow.db", os.O_RDONLY | os.O_CREAT, 0o600))
+        private_files(store, "mlflow.db*")  # a store made before: 0600 too
+        client = MlflowClient()
+        exp = client.get_experiment_by_name(experiment)
+        if exp is not None:
+            exp_id = exp.experiment_id
+            for key, value in KIND.items():  # a store made before the tag existed
+                if exp.tags.get(key) is None:
+                    client.set_experiment_tag(exp_id, key, value)
+        else:
+            location = artifact_root(root) / experiment
+            exp_id = client.create_experiment(
+                experiment, artifact_location=location.as_uri(), tags=KIND
+            )
+    finally:
+        os.close(fd)  # and the lock with it
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
 

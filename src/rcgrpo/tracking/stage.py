@@ -150,10 +150,14 @@ def launch(
     line (the output is above it).
 
     On rc.plan.nodes > 1 this is node `node_rank`'s torchrun agent: the agents of every node meet
-    at rc.plan.rendezvous (HOST:PORT: torchrun's static rendezvous, served by node 0's agent).
-    Static, not c10d: node K's ranks are K x procs + local rank, so global rank 0, the one that
-    logs to `run_id` and saves, is always on node 0 (c10d numbers the nodes by host name). The
-    out_dir must be a folder every node reads."""
+    at rc.plan.rendezvous (HOST:PORT, served by node 0's agent; on one node 127.0.0.1 only). The
+    out_dir must be a folder every node reads: node 0 writes the run's secret there, which every
+    rank proves before training (rcgrpo.training.rendezvous, rcgrpo.training.launch). The agent
+    runs under the guard of rcgrpo.procs: whatever stops this command (a signal, its death)
+    stops the agent, its ranks and the rendezvous within seconds."""
+    from rcgrpo.training.launch import torchrun_args
+    from rcgrpo.training.rendezvous import SECRET_ENV, SECRET_FILE, write_secret
+
     cfg, procs = stage_section(rc, stage), rc.plan.procs
     if run_id:
         tracking.set_tags(run_id, {"train.procs": str(procs)})
@@ -163,34 +167,22 @@ def launch(
     else:
         from rcgrpo.models.serving import node_bases
 
-        torchrun = [sys.executable, "-m", "torch.distributed.run", *_rendezvous(rc, node_rank)]
-        torchrun += ["--nproc_per_node", str(procs)]
+        agent = [sys.executable, "-m", "rcgrpo.training.launch"]
+        agent += torchrun_args(rc.plan.nodes, node_rank, rc.plan.rendezvous, procs)
+        if node_rank == 0:  # before the agent: every rank reads it after the rendezvous
+            write_secret(cfg.out_dir)
         # torchrun leaves a torchelastic_* folder in TMPDIR per launch: this node's own, removed
         tmp = Path(cfg.out_dir) / f".torchrun-{socket.gethostname()}-{os.getpid()}"
         tmp.mkdir(parents=True, exist_ok=True)
+        env = {"TMPDIR": str(tmp), SECRET_ENV: str(Path(cfg.out_dir) / SECRET_FILE)}
+        if rc.plan.nodes == 1:  # the ranks' gloo pairs on loopback too
+            env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
         try:  # the node's ranks serve one base export between them (models.serving)
             with node_bases():
-                run_stage_process(stage, rc, run_id, args, torchrun, {"TMPDIR": str(tmp)})
+                run_stage_process(stage, rc, run_id, args, agent, env)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     final = Path(cfg.out_dir) / "final"
     if not final.is_dir():
         raise StageFailed(f"stage {stage} ({procs} x {rc.plan.nodes} processes) saved no {final}")
     return final
-
-
-def _rendezvous(rc: RunConfig, node_rank: int) -> list[str]:
-    """torchrun's rendezvous arguments: standalone on one node, else this node's static one."""
-    if rc.plan.nodes == 1:
-        return ["--standalone"]
-    host, _, port = rc.plan.rendezvous.rpartition(":")
-    return [
-        "--nnodes",
-        str(rc.plan.nodes),
-        "--node-rank",
-        str(node_rank),
-        "--master-addr",
-        host,
-        "--master-port",
-        port,
-    ]

@@ -58,6 +58,7 @@ import os
 import torch
 
 from rcgrpo.training import balance
+from rcgrpo.training.rank_bytes import all_gather_bytes
 
 MIN_TIMEOUT_S = 1800.0  # the process-group timeout is never shorter (30 min)
 DECODE_STEPS_PER_S_FLOOR = 10.0  # a slow GPU's decode steps per second (7B, 64 rows, long K/V)
@@ -165,6 +166,10 @@ class Ranks:
                 f"{self.accelerator.distributed_type} with one process: launch with "
                 "`accelerate launch --multi_gpu --num_processes N` or torchrun"
             )
+        # before anything else crosses: every rank holds this run's secret (node 0 wrote it)
+        from rcgrpo.training.rendezvous import prove
+
+        prove(self.accelerator.device)
         # the DDP/FSDP-wrapped module that forwards run through (DDP arms its all-reduce in its
         # forward); it shares the parameters of the module given, which checkpoints and
         # save_policy keep using
@@ -219,12 +224,11 @@ class Ranks:
         """[start, end) of the groups this rank rolls out (`group_share`)."""
         return group_share(n_groups, self.rank, self.world)
 
-    def gather(self, obj) -> list:
-        """Every rank's Python object, in rank order, on every rank (the RL rollouts)."""
-        out = [None] * self.world
+    def gather(self, data: bytes) -> list[bytes]:
+        """Every rank's bytes, in rank order, on every rank (the RL rollouts, encoded by
+        training.grpo.exchange: never pickles, which would run what another rank sent)."""
         with self.waiting("gather"):  # the slowest rank's rollout: waiting, not stalled
-            torch.distributed.all_gather_object(out, obj)
-        return out
+            return all_gather_bytes(data, self.world, self.accelerator.device)
 
     def merge(self, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
         """Each tensor summed over the ranks (one all-reduce each, on the accelerator's device),
@@ -269,8 +273,8 @@ class Single:
     def group_share(self, n_groups: int) -> tuple[int, int]:
         return 0, n_groups
 
-    def gather(self, obj) -> list:
-        return [obj]
+    def gather(self, data: bytes) -> list[bytes]:
+        return [data]
 
     def merge(self, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
         return list(tensors)

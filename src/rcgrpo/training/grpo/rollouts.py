@@ -21,6 +21,8 @@ import torch
 from rcgrpo.chat.record import HIGH, LOW
 from rcgrpo.rollout.call_stats import merge_stats
 from rcgrpo.rollout.environment import Rewards
+from rcgrpo.training.distributed import group_share
+from rcgrpo.training.grpo import exchange
 from rcgrpo.training.grpo.config import RLConfig, step_seed
 from rcgrpo.training.grpo.core_algos import group_advantages, sample_reward_tokens
 from rcgrpo.training.grpo.overlong import apply_overlong
@@ -102,7 +104,7 @@ def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -
         (Sampled.of(r), score_fn(t, r)) for t, r in zip(flat_tasks[start:end], mine, strict=True)
     ]
     stats = dict(getattr(engine, "last_stats", None) or {}) if mine else {}
-    parts = ranks.gather((scored, stats))
+    parts = gather(ranks, scored, stats, len(tasks), G)
     gathered = [x for part, _ in parts for x in part]  # rank order = batch order
     # the whole step's engine metrics: token counts summed over the ranks' engines, the hit
     # rate over all their prompts (rcgrpo.rollout.call_stats.merge_stats, as over Ray shards)
@@ -129,6 +131,33 @@ def roll_out(engine, ranks, tasks, tokens, cfg: RLConfig, step: int, score_fn) -
         first=start,
         generated_tokens=generated,
     )
+
+
+def gather(ranks, scored: list, stats: dict, n_groups: int, G: int) -> list[tuple[list, dict]]:
+    """Every rank's (scored, stats), in rank order. Across ranks in a fixed format, never a
+    pickle (rcgrpo.training.grpo.exchange): decoding another rank's bytes runs nothing it chose,
+    and each rank must have sent exactly its share of the groups."""
+    if ranks.world == 1:
+        return [(scored, stats)]
+    sent = ranks.gather(exchange.encode(scored, stats))
+    parts = [
+        (scored, stats) if rank == ranks.rank else _sampled(data, rank)
+        for rank, data in enumerate(sent)
+    ]
+    for rank, (part, _) in enumerate(parts):
+        start, end = group_share(n_groups, rank, ranks.world)
+        if len(part) != (end - start) * G:
+            raise exchange.ExchangeError(
+                f"rank {rank} sent {len(part)} rollouts for its share of {end - start} groups "
+                f"of {G}"
+            )
+    return parts
+
+
+def _sampled(data: bytes, rank: int) -> tuple[list, dict]:
+    """Rank `rank`'s bytes as its [(Sampled, Rewards)] and engine stats."""
+    rows, stats = exchange.decode(data, rank)
+    return [(Sampled(*fields), rewards) for fields, rewards in rows], stats
 
 
 def shape_overlong(rewards, rollouts: list, cfg: RLConfig, engine) -> tuple:
