@@ -98,7 +98,8 @@ def test_a_corrupt_jsonl_row_is_one_line_with_its_line_number(tmp_path):
 
 
 def test_eval_on_a_missing_path(tmp_path):
-    one_line_error(cli("eval", str(tmp_path / "nope")), f"{tmp_path / 'nope'} is not a folder")
+    out = cli("stage", "eval", "--model", str(tmp_path / "nope"))
+    one_line_error(out, f"{tmp_path / 'nope'} is not a folder")
 
 
 @pytest.mark.parametrize(
@@ -168,7 +169,7 @@ def test_resume_on_a_truncated_checkpoint_through_the_cli(tmp_path):
     _checkpoints(out_dir)
     ckpt = out_dir / "checkpoints" / "step_000002"
     out = cli(
-        "train",
+        "stage",
         "rctp",
         "--resume-from",
         str(ckpt),
