@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import random
-from pathlib import Path
 
 from rcgrpo.training import balance
 from rcgrpo.training.batching import micro_batches
@@ -18,22 +17,23 @@ from rcgrpo.training.plan import timing as T
 
 def paper_mix(profile: str = "qwen2.5-7b-instruct") -> tuple[list[list[float]], float]:
     """Micro-batch costs per mini-batch (each one optimizer step, which the ranks share) of one
-    update pass as `rcgrpo plan` draws it for params.yaml's rl section (tasks x G episodes of
-    the replayed shapes, padded rows), and the attention coefficient."""
-    import yaml
+    update pass as `rcgrpo plan` draws it for the paper's rl settings (params.yaml's rl section
+    with `--preset paper`: tasks x G episodes of the replayed shapes, padded rows), and the
+    attention coefficient."""
+    from rcgrpo.run_config import resolve
 
-    rl = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())["rl"]
+    rl = resolve(None, "paper").rl
     arch = C.architecture(profile)
-    groups = T.draw_step(T.episode_shapes(), rl["tasks_per_step"], rl["group_size"], seed=0)
+    groups = T.draw_step(T.episode_shapes(), rl.tasks_per_step, rl.group_size, seed=0)
     lengths = [sum(p + s for p, s in ep) for g in groups for ep in g]
     order = list(range(len(lengths)))
     random.Random(0).shuffle(order)  # as timing.step_micro_batches
     non_emb = arch.params() - arch.vocab * arch.hidden * (1 if arch.tied else 2)
     coef = balance.attention_coef(arch.layers, arch.q_dim, non_emb)
     minis = []
-    for i in range(0, len(order), rl["mini_batch_size"]):
-        part = [lengths[k] for k in order[i : i + rl["mini_batch_size"]]]
-        micro = micro_batches(part, rl["max_tokens_per_micro_batch"], packed=False)
+    for i in range(0, len(order), rl.mini_batch_size):
+        part = [lengths[k] for k in order[i : i + rl.mini_batch_size]]
+        micro = micro_batches(part, rl.max_tokens_per_micro_batch, packed=False)
         minis.append([balance.group_cost(part, g, False, coef) for g in micro])
     return minis, coef
 

@@ -229,7 +229,7 @@ def test_resume_refuses_a_fine_tuned_model_another_command_replaced(tmp_path, mo
     from rcgrpo.run_config import resolve
     from rcgrpo.tracking import orphans
 
-    rc = resolve(None, "cpu", "rctp+rc-grpo", {}, ["finetune", "rl"], 1)
+    rc = resolve(None, "", "rctp+rc-grpo", {}, ["finetune", "rl"], 1)
     monkeypatch.setenv("RCGRPO_PROJECT", str(tmp_path))
     policy = load_policy(ModelConfig(profile="tiny"))
     final = save_policy(policy, tmp_path / "outputs" / "rctp" / "final", {"stage": "rctp"})
