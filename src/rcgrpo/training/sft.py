@@ -18,8 +18,7 @@ profile's choice (rcgrpo.models.profiles). The batch order is a function of (see
 
     rcgrpo stage rctp                       # params.yaml `rctp:` + `model:` sections
     rcgrpo stage sft --set epochs=1
-    accelerate launch --num_processes 8 -m rcgrpo.cli stage rctp   # 8 GPUs (rcgrpo.training.distributed)
-    torchrun --nproc_per_node 8 -m rcgrpo.cli stage rctp            # the same with torchrun
+    rcgrpo stage rctp --procs 8             # 8 GPUs: ranks of rcgrpo.training.launch's agent
 """
 
 from __future__ import annotations
