@@ -58,7 +58,7 @@ ARMS = {
 DEFAULT_ARMS = ["rc-grpo", "grpo", "grpo+sign", "grpo+presample"]
 # at 64 new tokens a message only 21 of the 26 pool tasks can be solved at all
 FIXED = ["rollout.max_new_tokens=128"]
-# the starts' RCTP-FT: the cpu preset's 100 epochs are 400 optimizer steps on its 8 tasks; on
+# the starts' RCTP-FT: the CPU default's 100 epochs are 400 optimizer steps on its 8 tasks; on
 # the 26-task pool (52 rows, batch 4) 30 epochs are 390 steps
 START = ["rctp.epochs=30"]
 STEP_CAP = 60  # rl.steps: a cap only; the budget stops a run
@@ -75,12 +75,16 @@ def arm_config(params: dict, preset: str, arm: str, seed: int, out: Path, extra:
 
 
 def with_sets(params: dict, preset: str, pairs: list[str]) -> dict:
-    """params with `--set section.key=value` pairs laid over the preset's layer, so the starts,
-    their cache keys and every arm see them."""
+    """params with `--set section.key=value` pairs laid over the preset's layer (over
+    params.yaml's sections, the CPU default, when there is no preset), so the starts, their
+    cache keys and every arm see them."""
     from rcgrpo.config import parse_sets
 
+    sets = parse_sets(pairs, sectioned=True, together=False)
+    if not preset:
+        return {**params, **{k: {**(params.get(k) or {}), **v} for k, v in sets.items()}}
     layer = dict(params["presets"].get(preset) or {})
-    for section, fields in parse_sets(pairs, sectioned=True, together=False).items():
+    for section, fields in sets.items():
         layer[section] = {**(layer.get(section) or {}), **fields}
     return {**params, "presets": {**params["presets"], preset: layer}}
 
@@ -274,7 +278,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=0, help="sampled tokens per arm-run (0: --steps)")  # fmt: skip
     parser.add_argument("--points", type=int, default=3, help="budget points evaluated")
     parser.add_argument("--steps", type=int, default=0, help=f"RL steps cap (0 = {STEP_CAP})")
-    parser.add_argument("--preset", default="cpu", help="params.yaml preset to train with")
+    parser.add_argument("--preset", default="", help="params.yaml preset on top (default: none)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a params.yaml field for starts and arms (repeatable)")  # fmt: skip
     parser.add_argument("--pilot", action="store_true", help="only the start's held-out success")

@@ -1,6 +1,6 @@
 """Benchmark: does the method learn? The paper's four variants, same start, same rollout budget.
 
-What it measures, per seed (default 0, 1, 2), on the CPU with the `cpu` preset of params.yaml
+What it measures, per seed (default 0, 1, 2), on the CPU with params.yaml's sections (the CPU default)
 (exactly what `make run` trains: its dataset selection, fine-tuning and RL settings):
   1. one base model (tiny profile, seeded) and one dataset (the preset's 8 short train tasks,
      experts + 1:1 perturbation failures, built by the real dataset code, no data/ needed);
@@ -44,7 +44,8 @@ def preset_section(params: dict, preset: str, section: str, cls, extra: dict | N
     """A stage config: params.yaml section + the preset's overrides + `extra`."""
     from rcgrpo.config import build
 
-    values = {**(params.get(section) or {}), **(params["presets"][preset] or {}).get(section, {})}
+    layer = ((params.get("presets") or {}).get(preset) or {}) if preset else {}
+    values = {**(params.get(section) or {}), **layer.get(section, {})}
     return build(cls, {**values, **(extra or {})}, f"params.yaml:{section} (preset {preset})")
 
 
@@ -161,7 +162,7 @@ def fmt(k: int, n: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run seeds")
-    parser.add_argument("--preset", default="cpu", help="params.yaml preset to train with")
+    parser.add_argument("--preset", default="", help="params.yaml preset on top (default: none)")
     parser.add_argument("--steps", type=int, default=0, help="RL steps (0 = the preset's)")
     parser.add_argument("--sft-epochs", type=int, default=0,
                         help="plain SFT epochs (0 = the preset's: 2/5 of RCTP-FT's, as the paper)")  # fmt: skip

@@ -11,8 +11,9 @@ category on each thread (entering a category pauses the enclosing one):
   mlflow  every MlflowClient method and mlflow.* fluent call, plus rcgrpo.tracking.runs's git reads
   dvc     rcgrpo.data.versioning's public functions and rcgrpo.data.publishing.publish (dvc add/
           commit/push, git commit of data.dvc)
-  work    the computation the pipeline exists for: expert/failure generation, labels, writing,
-          GX validation, fine-tuning, RL, evaluation, report plots (lazy torch imports included)
+  work    the computation the pipeline exists for: each stage's process (`rcgrpo stage NAME`, its
+          whole wall: data, fine-tuning, RL, evaluations; its own imports, MLflow logging and DVC
+          publish inside it, so this is a lower bound of the orchestration) and the report plots
   prefect the residual of the flow call (engine, task/flow run bookkeeping, API round-trips,
           ephemeral server start-up) plus `import prefect` -- an upper bound, it also holds
           the few lines of glue in flows/
@@ -44,14 +45,7 @@ TINY = [
     "rollout.max_new_tokens=24", "rollout.max_total_tokens=1024", "rollout.max_steps=2",
 ]  # fmt: skip
 WORK = {
-    "rcgrpo.data.generate": ["generate_experts", "generate_failures"],
-    "rcgrpo.data.failures": ["rollout_failures"],
-    "rcgrpo.data.labels": ["low_half", "mixed_set", "sft_set"],
-    "rcgrpo.data.dataset": ["write_dataset", "select_tasks"],
-    "rcgrpo.data.validation": ["validate_dir"],
-    "rcgrpo.training.sft": ["run_sft"],
-    "rcgrpo.training.grpo.run": ["run_rl"],
-    "rcgrpo.evaluation.evaluate": ["run_eval"],
+    "rcgrpo.tracking.stage_process": ["run_stage_process"],
     "rcgrpo.tracking.report": ["write_report"],
 }
 DVC = {  # the flows import these inside their tasks, so wrapping the module attribute counts them

@@ -1,7 +1,7 @@
 """Benchmark: the same RC-GRPO run on rcgrpo and on TRL 1.16's GRPOTrainer, side by side.
 
 What it measures, in one process, on the CPU (TRL: `pip install -e ".[peer]"`):
-  1. one start: the `cpu` preset's 16 RCTP-FT rows (its 8 short RL tasks, experts + 1:1
+  1. one start: the CPU default's 16 RCTP-FT rows (its 8 short RL tasks, experts + 1:1
      failures, built by the real dataset code) with every call written as `<tool_call>` JSON (the
      only form TRL parses; rcgrpo parses it too), fine-tuned with the preset's RCTP-FT recipe on
      the `qwen-shape` profile (Qwen2.5's tokenizer and tool template: TRL's tool parsing needs a
@@ -52,7 +52,7 @@ Settings with no TRL equivalent, or that differ (tests/test_peer_trl.py pins the
 
     pip install -e ".[peer]"                      # trl 1.16 + datasets into the venv
     .venv/bin/python bench/peer_trl.py            # 5 RL steps each side, ~30-60 min on 2 cores
-    .venv/bin/python bench/peer_trl.py --steps 20 # the cpu preset's 20 steps
+    .venv/bin/python bench/peer_trl.py --steps 20 # params.yaml's 20 steps
     .venv/bin/python bench/peer_trl.py --threads 2
 """
 
@@ -74,16 +74,16 @@ import peer_trl_env as penv  # noqa: E402
 import peer_trl_runs as runs  # noqa: E402
 
 MAX_NEW_TOKENS = 96  # per message: the longest expert call in JSON form is 72 qwen tokens
-EPISODE_TOKENS = 1536  # the cpu preset's episode budget (prompt included)
+EPISODE_TOKENS = 1536  # params.yaml's episode budget (prompt included)
 
 
 # -- the start ---------------------------------------------------------------------------------
 def section(params: dict, name: str, cls, extra: dict | None = None):
-    """A stage config: params.yaml section + the cpu preset's overrides + `extra`."""
+    """A stage config: params.yaml section (the CPU default) + `extra`."""
     from rcgrpo.config import build
 
-    values = {**(params.get(name) or {}), **params["presets"]["cpu"].get(name, {})}
-    return build(cls, {**values, **(extra or {})}, f"params.yaml:{name} (preset cpu)")
+    values = dict(params.get(name) or {})
+    return build(cls, {**values, **(extra or {})}, f"params.yaml:{name}")
 
 
 def json_call(text: str) -> str:
@@ -110,7 +110,7 @@ def json_form(record):
 
 
 def preset_data(params: dict):
-    """The cpu preset's RL tasks and its mixed RCTP-FT rows, calls in JSON form."""
+    """The CPU default's RL tasks and its mixed RCTP-FT rows, calls in JSON form."""
     from rcgrpo.chat.record import read_jsonl
     from rcgrpo.data.dataset import DatasetConfig, build_folder, tasks_of
     from rcgrpo.envs.bfcl.environment import BFCL

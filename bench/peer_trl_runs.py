@@ -167,7 +167,7 @@ def trl_trainer(start: Path, tasks, cfg, rollout_cfg, model_cfg, out: Path, max_
     """TRL's GRPOTrainer over rcgrpo's BFCL environment, set to the rcgrpo run's settings.
 
     Batch: len(tasks) x G rollouts per generation; an optimizer step per micro-batch of
-    cfg.micro_batch_size rollouts, accumulated over mini/micro of them (cpu preset: 10 and 10,
+    cfg.micro_batch_size rollouts, accumulated over mini/micro of them (params.yaml: 10 and 10,
     so "bnpo" is the token-mean of each mini-batch, as rcgrpo's); old log-probs are computed at
     generation (steps_per_generation > accumulation), as rcgrpo's pi_old."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import random
 from collections import defaultdict
-from pathlib import Path
 
 from rcgrpo.training import balance
 from rcgrpo.training.batching import micro_batches
@@ -34,16 +33,16 @@ def clusters_of(rows: list[int], task: list[int], prefix: list[int]) -> list[tup
 
 def paper_mix(profile: str = "qwen2.5-7b-instruct", shared: bool = False):
     """Micro-batch costs per mini-batch (each one optimizer step, which the ranks share) of one
-    update pass as `rcgrpo plan` draws it for params.yaml's rl section (tasks x G episodes of
-    the replayed shapes), and the attention coefficient. Each mini-batch: ([(a micro-batch's
-    cost as computed, its padded-row cost)], the cost of its shortest row alone). Unshared:
-    padded rows, both the same; shared: the micro-batches of whole clusters (budget on
-    computed tokens)."""
-    import yaml
+    update pass as `rcgrpo plan` draws it for the paper's rl settings (params.yaml's rl section
+    with `--preset paper`: tasks x G episodes of the replayed shapes), and the attention
+    coefficient. Each mini-batch: ([(a micro-batch's cost as computed, its padded-row cost)],
+    the cost of its shortest row alone). Unshared: padded rows, both the same; shared: the
+    micro-batches of whole clusters (budget on computed tokens)."""
+    from rcgrpo.run_config import resolve
 
-    rl = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())["rl"]
+    rl = resolve(None, "paper").rl
     arch = C.architecture(profile)
-    groups = T.draw_step(T.episode_shapes(), rl["tasks_per_step"], rl["group_size"], seed=0)
+    groups = T.draw_step(T.episode_shapes(), rl.tasks_per_step, rl.group_size, seed=0)
     episodes = [ep for g in groups for ep in g]
     lengths = [sum(p + s for p, s in ep) for ep in episodes]
     task = [i for i, g in enumerate(groups) for _ in g]
@@ -52,9 +51,9 @@ def paper_mix(profile: str = "qwen2.5-7b-instruct", shared: bool = False):
     random.Random(0).shuffle(order)  # as timing.step_micro_batches
     non_emb = arch.params() - arch.vocab * arch.hidden * (1 if arch.tied else 2)
     coef = balance.attention_coef(arch.layers, arch.q_dim, non_emb)
-    budget, minis = rl["max_tokens_per_micro_batch"], []
-    for i in range(0, len(order), rl["mini_batch_size"]):
-        part = order[i : i + rl["mini_batch_size"]]
+    budget, minis = rl.max_tokens_per_micro_batch, []
+    for i in range(0, len(order), rl.mini_batch_size):
+        part = order[i : i + rl.mini_batch_size]
         row = balance.cost([min(lengths[k] for k in part)], coef)  # the update's filler
         if not shared:
             micro = micro_batches([lengths[k] for k in part], budget, packed=False)

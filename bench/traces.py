@@ -1,6 +1,6 @@
 """Benchmark (not a test): what writing episode traces costs the main command. Target: < 5 %.
 
-What: `rcgrpo run` as `make run` runs it (params.yaml defaults, cpu preset), once with
+What: `rcgrpo run` as `make run` runs it (params.yaml's CPU default), once with
 `--set traces.enabled=false` and once with the default `traces:` section, each in a fresh
 temporary copy of the project (own git, DVC and MLflow stores; this checkout is never written
 to), one after the other in the same session. Printed: the wall time of both and their ratio;

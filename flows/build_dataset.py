@@ -8,12 +8,13 @@ write (into a staging folder) -> validate (Great Expectations) -> version (swap 
 dvc add, git commit data.dvc, dvc push: one task under the build lock, recoverable after a
 kill, see rcgrpo.data.publishing). A failing suite raises before versioning, so data/ and
 data.dvc keep the previous version, checked out. Retries only on the I/O task write.
-Runs against PREFECT_API_URL when set; `rcgrpo data build` else uses `rcgrpo ui`'s server or one
-of its own that stops with it (rcgrpo.flow_server.prefect_for_flows).
+It runs in the data stage's own process (`rcgrpo stage data`, which the pipeline and dvc.yaml
+run, and `rcgrpo data build`: rcgrpo.cli.stage.data_stage), against PREFECT_API_URL when set (the
+pipeline's server), else `rcgrpo ui`'s server or one of its own that stops with it.
 
-    rcgrpo data build                                   # params.yaml `dataset:`
+    rcgrpo data build                                   # params.yaml, resolved as `rcgrpo run` does
     rcgrpo data build --set train_tasks=8 --set test_tasks=4 --set rollouts=off
-    .venv/bin/python -m flows.build_dataset            # same as `rcgrpo data build`
+    rcgrpo stage data --config outputs/data/run_config.json    # the pipeline's data stage
 """
 
 from __future__ import annotations
@@ -89,8 +90,10 @@ def generate_rollouts(
     by failures.refusal. Returns (split -> usable records, the manifest's rollouts summary or
     None when none were tried). The policy is dataset.rollout_model (params.yaml `model:` by
     default); engine, scheduler and budgets are the `rollout:` section with rollout_overrides
-    (0 budgets = the profile's), its vLLM servers on every GPU (dataset.vllm_servers). rollouts=auto skips, with a warning, only when the engine or
-    the model cannot be loaded; a first prompt over the budget fails the build, naming it."""
+    (0 budgets = the profile's), its vLLM servers on every GPU (dataset.vllm_servers), the
+    policy on the CPU. rollouts=auto skips, with a warning and a `skipped` reason in the
+    summary, only when the engine (vLLM) is not installed; a model that does not load, a vLLM
+    server that does not start or a first prompt over the budget fails the build, in one line."""
     from rcgrpo.config import load_section
     from rcgrpo.data.dataset import rollout_model
     from rcgrpo.data.failures import EngineUnavailable, RolloutReport, rollout_failures
@@ -125,7 +128,7 @@ def generate_rollouts(
     except EngineUnavailable as e:
         if cfg.rollouts == "on":
             raise
-        logger.warning("rollouts=auto: engine unavailable (%s); perturbations only", e)
+        logger.warning("rollouts=auto: %s; the low half is perturbations only", e)
         who = {"profile": model.profile, "path": model.path, "seed": model.seed}
         skipped = RolloutReport(model=who)
         return {}, {**skipped.summary(), "skipped": str(e)}
@@ -291,10 +294,3 @@ def build_dataset_flow(
         "expert_failures": expert_failures,
         "rollouts": rollout_summary,
     }
-
-
-if __name__ == "__main__":
-    from rcgrpo.runtime import apply_defaults
-
-    apply_defaults()
-    print(build_dataset_flow())

@@ -3,7 +3,9 @@
 `flow.serve` registers the deployment `rcgrpo-pipeline/<name>` with the Prefect server named by
 PREFECT_API_URL and then polls it, starting each scheduled (or manually triggered) run as a
 subprocess, until stopped (Ctrl-C / SIGTERM). Default: a nightly rebuild of the dataset and a
-retrain at 02:00 server time.
+retrain at 02:00 server time. Each run resolves params.yaml as it is when it starts, with the
+deployment's `settings` (--set, stages, preset, variant) on top, through
+rcgrpo.run_config.resolve, as `rcgrpo run` does: an edit of params.yaml reaches the next run.
 
     rcgrpo ui                                   # terminal 1: Prefect server (+ MLflow UI)
     rcgrpo schedule --cron "0 2 * * *"          # terminal 2: serve the nightly deployment
@@ -69,19 +71,15 @@ def serve(
 
 def flow_parameters(given: dict) -> dict:
     """{"stages", "sets", "variant", "preset", "register_name", "report_root"} (all optional) ->
-    pipeline_flow's parameters, the settings resolved now as `rcgrpo run` resolves them: a
-    scheduled run repeats what was resolved when it was served."""
-    from rcgrpo.config import read_params
+    pipeline_flow's parameters: the settings, checked now (rcgrpo.run_config.resolve raises
+    ConfigError in one line), resolved again by each run from params.yaml as it is then."""
     from rcgrpo.run_config import resolve
 
     given = dict(given)
-    params = read_params()
-    pp = params.get("pipeline") or {}
-    stages = given.pop("stages", pp.get("stages"))
-    preset = given.pop("preset", "") or pp.get("preset", "cpu")
-    variant = given.pop("variant", "") or pp.get("variant", "rctp+rc-grpo")
-    rc = resolve(params, preset, variant, given.pop("sets", None), stages)
-    return {"rc": rc.to_dict(), **given}
+    keys = ("stages", "sets", "preset", "variant")
+    settings = {k: given.pop(k) for k in keys if given.get(k) is not None}
+    resolve(None, **settings)  # a bad --set or preset fails before serving
+    return {"settings": settings, **given}
 
 
 if __name__ == "__main__":

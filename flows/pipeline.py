@@ -9,10 +9,14 @@
       -> reports/<pipeline run id>/ (PNG plots + summary.md with links to the episode traces of
          one success and one failure per RL task, before and after RL), also logged to MLflow
 
-Stages pass paths and run ids, never tensors. Every stage takes the run's settings as resolved
-once by `rcgrpo run` (rcgrpo.run_config.RunConfig: params.yaml, the preset, the `--set`s and the
-variant); nothing here reads params.yaml. The RunConfig is logged on the pipeline run as
-run_config.json (and written beside the report).
+Every stage runs as `rcgrpo stage NAME` in a process of its own (rcgrpo.tracking.stage_process:
+a plain child, torchrun ranks for a training stage on `--procs N`), the command dvc.yaml runs:
+this process opens the MLflow runs, relays the stages' output and passes paths and run ids, and
+never loads a model or initialises CUDA; a stage's GPU memory goes back when its process exits.
+Every stage takes the run's settings as resolved once by `rcgrpo run` (rcgrpo.run_config.
+RunConfig: params.yaml, the preset, the `--set`s and the variant); nothing here reads
+params.yaml. The RunConfig is logged on the pipeline run as run_config.json (and written beside
+the report).
 
     rcgrpo run --set rl.steps=2 --set eval.limit=1          # the CLI front (rcgrpo.cli.pipeline)
 """
@@ -33,6 +37,7 @@ from rcgrpo.runtime import apply_defaults, project_root
 from rcgrpo.tracking import orphans, registry
 from rcgrpo.tracking import runs as tracking
 from rcgrpo.tracking.retention import prune_after_run
+from rcgrpo.tracking.stage_process import run_stage_process
 
 apply_defaults()
 
@@ -43,6 +48,13 @@ def register(rl_run_id: str, name: str, config: dict, metrics: dict) -> str:
         rl_run_id, "model", name, config, metrics, description="RL model of an rcgrpo pipeline run"
     )
     return f"{name}/{mv.version}"
+
+
+@task(cache_policy=NO_CACHE)
+def build_data(rc: RunConfig) -> dict:
+    """The data stage's process (`rcgrpo stage data`: compute, so no retries): rev, md5, counts,
+    rollouts summary."""
+    return run_stage_process("data", rc)
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
@@ -71,22 +83,27 @@ def write_and_log_report(
 
 @flow(name="rcgrpo-pipeline", log_prints=True, validate_parameters=False)
 def pipeline_flow(
-    rc: RunConfig | dict,
+    rc: RunConfig | dict | None = None,
     register_name: str = "rcgrpo",
     report_root: str = "reports",
     resume: bool = False,
+    settings: dict | None = None,
 ) -> dict:
-    """Run rc.plan.stages in order, for one of the paper's four recipes (rc.plan.variant,
-    rcgrpo.evaluation.variants); returns paths, run ids, the model version. `rc` may be its
-    JSON form (RunConfig.to_dict: a scheduled run's parameter). `resume`: continue the run
+    """Run rc.plan.stages in order, each in its own process; returns paths, run ids, the model
+    version. The recipe is the RL section's (one of the paper's four, rcgrpo.evaluation.
+    variants, when it matches one). `rc` may be its JSON form (RunConfig.to_dict); None: a
+    scheduled run, resolved now from params.yaml as it is and `settings` ({"sets", "stages",
+    "preset", "variant"}, each optional: rcgrpo.run_config.resolve). `resume`: continue the run
     last started in this project (rcgrpo.tracking.orphans): its MLflow runs, its completed
     stages skipped, RL from its last checkpoint."""
-    from flows.build_dataset import build_dataset_flow
     from flows.train import train_flow
-    from rcgrpo.evaluation.variants import get_variant
+    from rcgrpo.evaluation.variants import recipe
+    from rcgrpo.run_config import resolve
 
+    if rc is None:  # a scheduled run: the params.yaml of now, as `rcgrpo run` would resolve it
+        rc = resolve(None, **(settings or {}))
     rc = rc if isinstance(rc, RunConfig) else RunConfig.from_dict(rc, "pipeline_flow(rc=...)")
-    stages, v, preset = rc.plan.stages, get_variant(rc.plan.variant), rc.plan.preset
+    stages, v, preset = rc.plan.stages, recipe(rc.rl), rc.plan.preset
     out: dict = {"stages": list(stages), "variant": v.name, "preset": preset}
     config = rc.to_dict()
     hold_run_lock(project_root())  # one run at a time (a scheduled one too), before the store
@@ -109,8 +126,10 @@ def pipeline_flow(
         elif "data" in stages:
             if "data" in state["done"]:
                 print("data: data/ is not the version the interrupted run built: built again")
-            built = build_dataset_flow(rc.dataset, rc=rc)  # a subflow
+            built = build_data(rc)
             out["data"] = {k: built.get(k) for k in ("rev", "md5", "counts") if k in built}
+            if skipped := (built.get("rollouts") or {}).get("skipped"):
+                out["data"]["rollouts_skipped"] = skipped  # the report and the summary say so
             tracking.log_metrics(pid, _counts(built.get("counts") or {}), 0)
             orphans.record(state, "data", out["data"])
         # the data version as it is now (after the build), on the pipeline run itself
@@ -141,7 +160,7 @@ def pipeline_flow(
         last = rl or ft
         if "eval" in stages and last:
             out["rl_tasks"], rl_traces = evaluate_rl_tasks(pid, rc, ft, rl)
-            ev = evaluate_flow(last["model_path"], rc, pid)
+            ev = evaluate_flow(last["model_path"], rc, pid, "eval")
             out["eval"] = {k: ev[k] for k in ("run_id", "report", "table")}
             tracking.log_metrics(pid, ev["metrics"], 0)
         if last:
@@ -159,6 +178,7 @@ def pipeline_flow(
             "model_version": out.get("model_version"),
             "mlflow_ui": "rcgrpo ui, then " + registry.run_url(pid),
             "headline_goal": rc.eval.tokens[0],
+            "rollouts_skipped": (out.get("data") or {}).get("rollouts_skipped"),
         }
         out["report"] = write_and_log_report(
             pid,
@@ -196,21 +216,7 @@ def evaluate_rl_tasks(
         if not model:
             continue
         # the held-out evaluation's settings (goals, temperature, seeds), on the RL tasks instead
-        eval_cfg = dataclasses.replace(
-            rc.eval,
-            split="train",
-            task_file=rc.rl.tasks_from,
-            other_protocol=False,
-            out_dir=str(project_root() / f"outputs/eval_rl_tasks/{when}"),
-        )
-        ev = evaluate_flow(
-            model,
-            rc,
-            pid,
-            name=f"eval_rl_tasks_{when}",
-            prefix=f"rl_tasks/{when}",
-            eval_cfg=eval_cfg,
-        )
+        ev = evaluate_flow(model, rc, pid, f"eval_rl_tasks_{when}")
         tracking.log_metrics(pid, ev["metrics"], 0)
         out[when] = ev["report"]
         traces[when] = [{**t, "url": registry.trace_url(pid, t["trace_id"])} for t in ev["traces"]]

@@ -1,14 +1,14 @@
 """Prefect flow for one training stage: RCTP-FT / SFT or RC-GRPO / GRPO as one MLflow run nested
 under the pipeline's run, from the run's resolved settings (rcgrpo.run_config.RunConfig).
 
-The flow is thin: it opens the stage's MLflow run, trains in one task through
-rcgrpo.tracking.stage.run_stage (what `rcgrpo train STAGE` runs: every step to MLflow, one
-headline line per step, RL episode traces; on `--procs N` it starts N torchrun ranks of that
-command), then logs the saved model folder as the run's `model` artifact (an I/O task, the only
-one retried). Registration in the Model Registry happens after evaluation (flows/pipeline.py) so
-the version carries the held-out metrics.
+The flow is thin: it opens the stage's MLflow run, trains in one task that starts `rcgrpo stage
+STAGE` in a process of its own (rcgrpo.tracking.stage.launch: a plain child, or N torchrun ranks
+on `--procs N`; every step to MLflow, one headline line per step, RL episode traces), then logs
+the saved model folder as the run's `model` artifact (an I/O task, the only one retried). This
+process loads no model. Registration in the Model Registry happens after evaluation
+(flows/pipeline.py) so the version carries the held-out metrics.
 
-    rcgrpo train rctp --set epochs=1                   # one stage on its own, without Prefect
+    rcgrpo stage rctp --set epochs=1                   # one stage on its own, without Prefect
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ apply_defaults()
 
 @task(cache_policy=NO_CACHE)
 def fit(stage: str, rc: RunConfig, run_id: str, resume: bool = False) -> str:
-    """Train (compute: a retry would start over, so none); the final model's folder."""
-    return str(stages.run_stage(stage, rc, run_id, resume))
+    """Train in the stage's own process (compute: a retry would start over, so none); the
+    final model's folder."""
+    return str(stages.launch(stage, rc, run_id, resume))
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)

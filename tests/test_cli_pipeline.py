@@ -24,7 +24,7 @@ def test_help_is_fast_and_imports_no_heavy_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     cpu = cpu_seconds(before)  # not wall time: that measures the box's load (2.1 s at load 25)
     assert out.returncode == 0, out.stderr
-    for command in ("run", "ui", "schedule", "train", "eval", "compare", "env"):
+    for command in ("run", "ui", "schedule", "stage", "compare", "env"):
         assert f" {command} " in out.stdout
     assert "HEAVY []" in out.stdout
     assert cpu < 1.5, f"rcgrpo --help took {cpu:.2f} s of CPU"
@@ -58,9 +58,12 @@ def test_set_without_section_or_value_is_refused(bad):
         (["run", "--set", "eavl.limit=1"], "unknown section 'eavl' (did you mean 'eval'?)"),
         (["run", "--set", "eval.limt=1"], "eval has no key 'limt' (did you mean 'limit'?)"),
         (["schedule", "--set", "rl.stepz=1"], "rl has no key 'stepz' (did you mean 'steps'?)"),
-        (["train", "rl", "--set", "steps=abc"], "error: rl.steps=abc: must be an int"),
-        (["train", "rctp", "--set", "epohcs=1"], "did you mean 'epochs'?"),
-        (["eval", "outputs/nothing/here"], "outputs/nothing/here is not a folder"),
+        (["stage", "rl", "--set", "steps=abc"], "error: rl.steps=abc: must be an int"),
+        (["stage", "rctp", "--set", "epohcs=1"], "did you mean 'epochs'?"),
+        (
+            ["stage", "eval", "--model", "outputs/nothing/here"],
+            "outputs/nothing/here is not a folder",
+        ),
         (["data", "build", "--set", "data_dirr=x"], "did you mean 'data_dir'?"),
     ],
 )
@@ -79,9 +82,9 @@ def test_a_typo_in_an_override_fails_before_any_run_is_opened():
     from rcgrpo.config import ConfigError
     from rcgrpo.run_config import resolve
 
-    resolve(None, "cpu", "rctp+rc-grpo", {"rl": {"steps": 2}, "eval": {"limit": 1}})
+    resolve(None, "", "rctp+rc-grpo", {"rl": {"steps": 2}, "eval": {"limit": 1}})
     with pytest.raises(ConfigError, match="bogus"):
-        resolve(None, "cpu", "", {"rl": {"bogus": 1}})
+        resolve(None, "", "", {"rl": {"bogus": 1}})
     with pytest.raises(ConfigError, match=r"rl: .*\(--set rl.micro_batch_size=7\)$"):
         resolve(None, "", "", {"rl": {"micro_batch_size": 7}})  # a rule over several fields
 
@@ -108,13 +111,11 @@ def test_paper_preset_is_the_papers_hyperparameters():
     assert plan.plan.preset == "paper" and plan.to_dict()["rl"]["lr"] == 1e-6
 
 
-def test_cpu_preset_is_the_default_and_a_bad_preset_names_the_known_ones():
+def test_the_sections_are_the_default_and_a_bad_preset_names_the_known_ones():
     plan, cfg = _plan()
-    assert plan.plan.preset == "cpu" and cfg["rl"].lr > 1e-6  # a 1M model needs a larger step
+    assert plan.plan.preset == "" and cfg["rl"].lr > 1e-6  # a 1M model needs a larger step
     assert plan.dataset.train_max_calls == 3
-    with pytest.raises(
-        ValueError, match=r"'gpu' is not in params.yaml presets: \['cpu', 'paper'\]"
-    ):
+    with pytest.raises(ValueError, match=r"'gpu' is not in params.yaml presets: \['paper'\]"):
         _plan(preset="gpu")
 
 

@@ -43,6 +43,35 @@ def test_params_yaml_field_comments_are_the_help():
     assert not stale, "run `rcgrpo config comments`:\n" + "\n".join(stale)
 
 
+def test_every_field_the_paper_preset_sets_names_the_papers_value():
+    """params.yaml's sections are the CPU default; where the paper preset changes a field, the
+    field's comment (its line, or the comment lines just above it) or, for a field the sections
+    leave out, its help, names the paper's value."""
+    from rcgrpo.config import read_params
+    from rcgrpo.fields import help_of
+
+    lines = params_path().read_text().split("\n")
+    paper = read_params()["presets"]["paper"]
+    missing = []
+    for section, fields in paper.items():
+        start = lines.index(next(ln for ln in lines if ln.startswith(f"{section}:")))
+        for name in fields:
+            at = next(
+                (i for i in range(start + 1, len(lines)) if lines[i].startswith(f"  {name}:")), None
+            )
+            if at is None:  # the section leaves it at its default: the help says it
+                helps = {f.name: help_of(f) for f in dataclasses.fields(section_class(section))}
+                said = helps[name]
+            else:
+                above = at
+                while lines[above - 1].startswith("  #"):
+                    above -= 1
+                said = " ".join(lines[above : at + 1]).partition(f"  {name}:")[0] + lines[at]
+            if "paper" not in said:
+                missing.append(f"{section}.{name}")
+    assert not missing, f"no comment names the paper's value: {missing}"
+
+
 def test_comments_rewrite_stale_and_missing_ones_and_keep_everything_else():
     text = (
         "seed: 0  # top-level, not a section\n"
@@ -68,7 +97,7 @@ def test_comments_rewrite_stale_and_missing_ones_and_keep_everything_else():
 
 
 def test_config_show_rl_prints_value_default_rule_and_help_of_every_field():
-    out = cli("config", "show", "rl", "--preset", "cpu", "--set", "rl.p_high=0.25")
+    out = cli("config", "show", "rl", "--set", "rl.p_high=0.25")
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout
     assert text.startswith("rl:  rcgrpo.training.grpo.config.RLConfig")
@@ -76,7 +105,7 @@ def test_config_show_rl_prints_value_default_rule_and_help_of_every_field():
         assert f"\n  {f.name} " in text and f.metadata["help"][:40] in text, f.name
     rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith("  ")}
     assert rows["p_high"][:5] == ["p_high", "0.25", "*", "0.5", "[0,"]  # --set, default, range
-    assert rows["steps"][:4] == ["steps", "20", "*", "400"]  # the cpu preset
+    assert rows["steps"][:4] == ["steps", "20", "*", "400"]  # params.yaml: the CPU default
     assert rows["advantage"][1:] == [
         "grpo",
         "grpo",
@@ -95,17 +124,13 @@ def test_config_show_rl_prints_value_default_rule_and_help_of_every_field():
 
 
 def test_config_show_resolves_a_variant_as_rcgrpo_run_does():
-    """`--variant rctp+grpo`: the variant's RL fields (goal always high) on top of the preset,
+    """`--variant rctp+grpo`: the variant's RL fields (goal always high) on top of params.yaml,
     as `rcgrpo run --variant rctp+grpo` trains; the last line names the layers shown."""
-    out = cli("config", "show", "rl", "--preset", "cpu", "--variant", "rctp+grpo")
+    out = cli("config", "show", "rl", "--variant", "rctp+grpo")
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {ln.split()[0]: ln.split() for ln in out.stdout.splitlines() if ln.startswith("  ")}
     assert rows["p_high"][:3] == ["p_high", "1.0", "*"] and rows["steps"][1] == "20"
-    assert (
-        out.stdout.strip()
-        .splitlines()[-1]
-        .startswith("(params.yaml + preset cpu + variant rctp+grpo;")
-    )
+    assert out.stdout.strip().splitlines()[-1].startswith("(params.yaml + variant rctp+grpo:")
 
 
 def test_config_show_refuses_a_bad_value_in_the_usual_one_line():

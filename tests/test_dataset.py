@@ -154,7 +154,7 @@ def test_build_is_deterministic_and_seed_sensitive(tmp_path):
 
 
 def test_train_filter_picks_short_base_tasks_and_never_touches_test():
-    # the cpu preset's selection: base tasks whose ground truth has <= 3 calls (26 of 180)
+    # params.yaml's selection (the CPU default): base tasks whose ground truth has <= 3 calls (26 of 180)
     cfg = DatasetConfig(train_tasks=8, train_categories=("base",), train_max_calls=3)
     every = select_tasks(dataclasses.replace(cfg, train_tasks=0), "train", BFCL)
     assert len(every) == 26 and {t.category for t in every} == {"base"}

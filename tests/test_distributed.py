@@ -49,7 +49,7 @@ def launch_two(stage: str, out: Path) -> dict:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
         "TMPDIR": str(out.parent),  # torch.distributed.run's torchelastic_* folders: not in /tmp
-        # the run's secret every rank proves (rcgrpo train --procs N writes it; here the test)
+        # the run's secret every rank proves (rcgrpo stage NAME --procs N writes it; here the test)
         SECRET_ENV: str(write_secret(out.parent / "secret")),
     }
     # --multi_gpu starts the ranks with torch.distributed.run; on a box without a GPU the

@@ -50,12 +50,12 @@ def test_allow_cpu_passes_the_refusal_and_reaches_the_stages(monkeypatch):
     from rcgrpo.rollout.host import ALLOW_CPU_ENV
 
     monkeypatch.delenv(ALLOW_CPU_ENV, raising=False)
-    with pytest.raises(ConfigError, match="rcgrpo train rl: rollout.engine=vllm would run"):
-        refuse_cpu("rcgrpo train rl", "tiny", "vllm", 1, False)
-    refuse_cpu("rcgrpo train rl", "tiny", "hf", 1, False)  # the CPU default: no refusal
+    with pytest.raises(ConfigError, match="rcgrpo stage rl: rollout.engine=vllm would run"):
+        refuse_cpu("rcgrpo stage rl", "tiny", "vllm", 1, False)
+    refuse_cpu("rcgrpo stage rl", "tiny", "hf", 1, False)  # the CPU default: no refusal
     refuse_cpu("rcgrpo run", "qwen2.5-7b-instruct", "vllm", 8, True)
     assert os.environ[ALLOW_CPU_ENV] == "1"  # inherited by the stages' processes
-    refuse_cpu("rcgrpo train rl", "qwen2.5-7b-instruct", "vllm", 1, False)
+    refuse_cpu("rcgrpo stage rl", "qwen2.5-7b-instruct", "vllm", 1, False)
 
 
 def test_doctor_prints_what_this_machine_gives():

@@ -1,10 +1,14 @@
-"""dvc.yaml with real DVC in a temporary project copy: `dvc repro evaluate` builds rctp -> rl ->
-evaluate (metrics JSON for each), a second repro does nothing, changing one eval param reruns
-only `evaluate`, and `dvc exp run -S rl.advantage=sign evaluate` reruns rl + evaluate as an
-experiment that `dvc exp show` lists. The training stages run `rcgrpo train STAGE`, the same
-entry as `rcgrpo run`'s: each leaves an MLflow run in the copy's store, the rl one with the same
-metric names as the pipeline's rl run. Tiny sizes; ~5-7 min on 2 cores (several processes each
-import torch)."""
+"""dvc.yaml with real DVC in a temporary copy of the project, as a fresh clone holds it (no
+data/, no outputs/): `dvc repro` alone builds everything, the data included, through `rcgrpo
+stage NAME`, the same command `rcgrpo run` starts for each stage. It writes the same rl
+run_config.json as `rcgrpo run` on the same params.yaml; an edit of rl.steps there changes
+`rcgrpo config show rl` and the steps trained; a second repro does nothing; one eval param
+reruns only `evaluate`; `dvc exp run -S rl.advantage=sign evaluate` is an experiment `dvc exp
+show` lists; a new data version or a rollback reruns the stages after `data`, not `data`.
+Tiny sizes; ~10-15 min on 2 cores (each stage is a process importing torch).
+
+    .venv/bin/pytest tests/test_dvc_pipeline.py -q
+"""
 
 from __future__ import annotations
 
@@ -21,10 +25,11 @@ from test_pipeline_e2e import _git, copy_env, copy_project  # tests/ is on sys.p
 from rcgrpo.runtime import project_root
 
 pytestmark = pytest.mark.slow
+STAGES = ["data", "rctp", "rl", "rl_tasks_after", "rl_tasks_before", "evaluate", "sft"]
 
 
 def _run(cmd: list[str], cwd: Path, env: dict) -> str:
-    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
     text = out.stdout + out.stderr
     assert out.returncode == 0, f"{cmd}:\n{text[-4000:]}"
     return text
@@ -44,61 +49,80 @@ def _runs(proj: Path) -> dict:
     return {r.info.run_name: r for r in runs}
 
 
-def test_repro_reruns_only_what_changed_and_exp_run_ablation(prefect_server, tmp_path):
-    proj = copy_project(project_root(), tmp_path / "proj")
-    bin_dir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PYTHONPATH": str(proj / "src"),
-           "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
-    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):  # mlflow.set_*_uri export them
-        env.pop(key, None)
+def _set_params(proj: Path, edit) -> None:
     params = yaml.safe_load((proj / "params.yaml").read_text())
-    params["rctp"]["epochs"] = 1
+    edit(params)
+    (proj / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def _tiny(params: dict) -> None:
+    params["dataset"].update(train_tasks=4, test_tasks=4, rollouts="off")
+    params["rctp"]["epochs"] = params["sft"]["epochs"] = 1
     params["rl"].update(
         steps=1, tasks_per_step=2, group_size=2, mini_batch_size=2, micro_batch_size=2
     )
     params["eval"].update(limit=1, tokens=["high", "low"])
     params["rollout"].update(max_new_tokens=16, max_steps=2)
-    (proj / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    _git(proj, "commit", "-qam", "tiny params")
-    build = [sys.executable, "-m", "rcgrpo.cli", "data", "build", "--set", "train_tasks=8",
-             "--set", "test_tasks=4", "--set", 'rollouts="off"', "--set", "push=false"]  # fmt: skip
-    _run(build, proj, env)
 
-    first = _run(["dvc", "repro", "evaluate"], proj, env)
-    assert _ran(first) == ["rctp", "rl", "evaluate"]
-    for stage in ("rctp", "rl", "eval"):
+
+def test_a_fresh_clone_repro_builds_everything_as_rcgrpo_run_does(prefect_server, tmp_path):
+    proj = copy_project(project_root(), tmp_path / "proj")
+    env = copy_env(proj)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    _set_params(proj, _tiny)
+    _git(proj, "commit", "-qam", "tiny params")
+    assert not (proj / "data").exists()
+
+    first = _run(["dvc", "repro"], proj, env)  # nothing built before: the data stage too
+    assert sorted(_ran(first)) == sorted(STAGES)
+    assert _git(proj, "log", "-1", "--format=%s", "--", "data.dvc").startswith("data: build")
+    version = json.loads((proj / "outputs/data/version.json").read_text())["md5"]
+    assert version in (proj / "data.dvc").read_text()
+    for stage in ("rctp", "rl", "eval", "eval_rl_tasks/before", "eval_rl_tasks/after"):
         metrics = json.loads((proj / "outputs" / stage / "metrics.json").read_text())
         assert metrics and all(isinstance(v, int | float) for v in metrics.values())
-    # `dvc repro`'s training stages logged to MLflow through the one stage entry; the rl run's
-    # metric names are those of `rcgrpo run`'s rl run (same settings, through Prefect)
-    dvc_runs = _runs(proj)
-    assert {"rctp", "rl"} <= set(dvc_runs) and "sft/loss" in dvc_runs["rctp"].data.metrics
-    pipeline = [sys.executable, "-m", "rcgrpo.cli", "run", "--stages", "rl", "--set", "rl.steps=1"]
-    pipeline += ["--set", "rl.out_dir=outputs/rl_flow"]  # dvc's outputs/rl stays as it built it
-    for key in ("tasks_per_step", "group_size", "mini_batch_size", "micro_batch_size"):
-        pipeline += ["--set", f"rl.{key}=2"]
-    pipeline += ["--set", "rollout.max_new_tokens=16", "--set", "rollout.max_steps=2"]
-    _run(pipeline, proj, copy_env(proj))
+    runs = _runs(proj)  # each stage logged to MLflow through the one stage entry
+    assert {"rctp", "sft", "rl", "eval", "eval_rl_tasks_before", "eval_rl_tasks_after"} <= set(runs)
+    assert "sft/loss" in runs["rctp"].data.metrics and "reward/mean" in runs["rl"].data.metrics
+    assert "rl_tasks/after/paper/high/pooled" in runs["eval_rl_tasks_after"].data.metrics
+    dvc_rl = (proj / "outputs/rl/run_config.json").read_text()
+
+    # `rcgrpo run` on the same params.yaml: the same resolved rl config, byte for byte
+    _run([sys.executable, "-m", "rcgrpo.cli", "run"], proj, env)
+    assert (proj / "outputs/rl/run_config.json").read_text() == dvc_rl
     flow_rl = _runs(proj)["rl"]
-    assert flow_rl.info.run_id != dvc_runs["rl"].info.run_id
-    assert flow_rl.data.tags.get("mlflow.parentRunId")  # nested under the pipeline run
-    assert set(dvc_runs["rl"].data.metrics) == set(flow_rl.data.metrics)
-    assert "reward/mean" in flow_rl.data.metrics
+    assert flow_rl.info.run_id != runs["rl"].info.run_id and flow_rl.data.tags["mlflow.parentRunId"]
+    assert set(runs["rl"].data.metrics) == set(flow_rl.data.metrics)
+    _run(["dvc", "commit", "-f"], proj, env)  # the outputs as rcgrpo run left them
     _git(proj, "add", "dvc.lock")
     _git(proj, "commit", "-qm", "repro")
+    assert _ran(_run(["dvc", "repro"], proj, env)) == []
 
-    assert _ran(_run(["dvc", "repro", "evaluate"], proj, env)) == []
+    # one edit of params.yaml changes what `rcgrpo config show` says and what trains
+    _set_params(proj, lambda p: p["rl"].update(steps=2))
+    shown = _run([sys.executable, "-m", "rcgrpo.cli", "config", "show", "rl"], proj, env)
+    assert next(ln for ln in shown.splitlines() if ln.split()[:1] == ["steps"]).split()[1] == "2"
+    assert _ran(_run(["dvc", "repro", "rl"], proj, env)) == ["rl"]
+    steps = (proj / "outputs/rl/metrics.jsonl").read_text().splitlines()
+    assert [json.loads(s)["step"] for s in steps] == [1, 2]
+    _run(["dvc", "repro"], proj, env)
+    _git(proj, "commit", "-qam", "rl.steps=2")
 
-    params["eval"]["tokens"] = ["high"]
-    (proj / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _set_params(proj, lambda p: p["eval"].update(tokens=["high"]))
     assert _ran(_run(["dvc", "repro", "evaluate"], proj, env)) == ["evaluate"]
     _git(proj, "commit", "-qam", "eval high only")
-
     exp = _run(["dvc", "exp", "run", "-S", "rl.advantage=sign", "-n", "sign", "evaluate"],
                proj, env)  # fmt: skip
     assert _ran(exp) == ["rl", "evaluate"]
-    shown = json.loads(_run(["dvc", "exp", "show", "--json"], proj, env))
-    text = json.dumps(shown)
+    text = json.dumps(json.loads(_run(["dvc", "exp", "show", "--json"], proj, env)))
     assert '"sign"' in text and '"advantage": "sign"' in text
+
+    # data.dvc stays the pointer: a new version or a rollback makes the training stages stale
+    first_rev = _git(proj, "log", "-1", "--format=%H", "--", "data.dvc")
+    build = [sys.executable, "-m", "rcgrpo.cli", "data", "build", "--set", "seed=1"]
+    _run(build, proj, env)
+    stale = json.loads(_run(["dvc", "status", "--json"], proj, env))
+    assert {"rctp", "sft", "rl_tasks_before"} <= set(stale) and "data" not in stale
+    _run([sys.executable, "-m", "rcgrpo.cli", "data", "rollback", first_rev], proj, env)
+    back = json.loads(_run(["dvc", "status", "--json"], proj, env))
+    assert not {"data", "rctp", "sft"} & set(back), back  # the version they were trained on

@@ -98,7 +98,7 @@ def test_evaluate_reports_gap_and_writes_bfcl_result_files(tmp_path):
 def test_compare_table_and_chart(tmp_path):
     from typer.testing import CliRunner
 
-    from rcgrpo.cli.train import app
+    from rcgrpo.cli import app
     from rcgrpo.evaluation.compare import load_report, rows
 
     for name, tokens in (("oracle", ("high", "low")), ("empty", ("low",))):

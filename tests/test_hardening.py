@@ -40,7 +40,7 @@ def test_unwritable_out_dir_fails_before_training(tmp_path):
     blocker.write_text("")
     out_dir = blocker / "rctp"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = cli("train", "rctp", "--set", f"out_dir={out_dir}")
+    out = cli("stage", "rctp", "--set", f"out_dir={out_dir}")
     one_line_error(out, f"out_dir {out_dir} is not writable")
     assert "nothing was trained" in out.stderr and "step 1" not in out.stdout
     assert cpu_seconds(before) < 60  # CPU, not wall time: 83 s of wall at load 26
@@ -50,7 +50,7 @@ def test_unwritable_out_dir_fails_before_training(tmp_path):
 def test_read_only_out_dir_fails_before_training(tmp_path):
     out_dir = tmp_path / "ro"
     out_dir.mkdir(mode=0o500)
-    one_line_error(cli("train", "sft", "--set", f"out_dir={out_dir}"), "is not writable")
+    one_line_error(cli("stage", "sft", "--set", f"out_dir={out_dir}"), "is not writable")
 
 
 def test_a_failed_save_keeps_the_previous_final(tmp_path, monkeypatch):
@@ -93,12 +93,13 @@ def test_a_corrupt_jsonl_row_is_one_line_with_its_line_number(tmp_path):
     data = tmp_path / "rctp.jsonl"
     write_jsonl(data, [expert(t, "combined") for t in tasks_in("train")[:2]])
     data.write_text(data.read_text() + '{"task_id": "multi_turn_base_0", "turns": [tru\n')
-    out = cli("train", "rctp", "--set", f"data={data}", "--set", f"out_dir={tmp_path / 'out'}")
+    out = cli("stage", "rctp", "--set", f"data={data}", "--set", f"out_dir={tmp_path / 'out'}")
     one_line_error(out, f"{data}:3: not valid JSON")
 
 
 def test_eval_on_a_missing_path(tmp_path):
-    one_line_error(cli("eval", str(tmp_path / "nope")), f"{tmp_path / 'nope'} is not a folder")
+    out = cli("stage", "eval", "--model", str(tmp_path / "nope"))
+    one_line_error(out, f"{tmp_path / 'nope'} is not a folder")
 
 
 @pytest.mark.parametrize(
@@ -168,7 +169,7 @@ def test_resume_on_a_truncated_checkpoint_through_the_cli(tmp_path):
     _checkpoints(out_dir)
     ckpt = out_dir / "checkpoints" / "step_000002"
     out = cli(
-        "train",
+        "stage",
         "rctp",
         "--resume-from",
         str(ckpt),

@@ -1,4 +1,4 @@
-"""Several nodes through torchrun's own rendezvous: `rcgrpo train STAGE --nnodes N
+"""Several nodes through torchrun's own rendezvous: `rcgrpo stage STAGE --nnodes N
 --rdzv-endpoint HOST:PORT` on each node starts that node's torchrun agent; the agents meet at the
 endpoint (c10d, hosted by the agent on HOST) and train as one job.
 
@@ -54,8 +54,8 @@ def test_two_nodes_of_one_rank_equal_one_process(tmp_path, mlflow_store):
 
     endpoint = f"127.0.0.1:{free_port()}"
     sets = [f"--set={k}={v}" for k, v in {**SFT, "data": data, "out_dir": tmp_path / "two"}.items()]
-    cmd = [sys.executable, "-m", "rcgrpo.cli", "train", "rctp", *sets, "--allow-cpu",
-           "--model-set", "profile=tiny", "--model-set", "device=cpu",
+    cmd = [sys.executable, "-m", "rcgrpo.cli", "stage", "rctp", *sets, "--allow-cpu",
+           "--set", "model.profile=tiny", "--set", "model.device=cpu",
            "--nnodes", "2", "--rdzv-endpoint", endpoint]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nodes = [
@@ -94,7 +94,7 @@ def test_two_nodes_of_one_rank_equal_one_process(tmp_path, mlflow_store):
 
 def test_several_nodes_need_a_rendezvous_endpoint():
     out = subprocess.run(
-        [sys.executable, "-m", "rcgrpo.cli", "train", "rctp", "--nnodes", "2", "--allow-cpu"],
+        [sys.executable, "-m", "rcgrpo.cli", "stage", "rctp", "--nnodes", "2", "--allow-cpu"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -145,7 +145,7 @@ def test_rcgrpo_run_on_two_nodes_node_0_runs_the_pipeline_node_1_joins_its_train
 @pytest.mark.parametrize("in_run", [False, True], ids=["node-of-its-own", "inside-a-run"])
 def test_a_launch_serves_one_base_per_node(tmp_path, monkeypatch, in_run):
     """Every node's torchrun agent (`stage.launch`: a joining node of `rcgrpo run --nnodes`,
-    `rcgrpo train rl --procs N`) runs its ranks inside one folder of served bases: both ranks
+    `rcgrpo stage rl --procs N`) runs its ranks inside one folder of served bases: both ranks
     get the same export, and the folder is gone when the launch ends (a joining node's ranks
     used to export a base each: 15 GB apiece at 7B). Inside a run (node 0 of `rcgrpo run`) the
     ranks use the run's folder, which the run removes. The torchrun launch is launch's own; the
@@ -153,7 +153,7 @@ def test_a_launch_serves_one_base_per_node(tmp_path, monkeypatch, in_run):
     RL stage with a vLLM server per rank does not fit this 2-core box)."""
     from rcgrpo.models.serving import served_bases
     from rcgrpo.run_config import resolve
-    from rcgrpo.tracking import stage
+    from rcgrpo.tracking import stage, stage_process
 
     rc = resolve(None, sets={"rl": {"out_dir": str(tmp_path / "rl")}}, stages=("rl",), procs=2)
     (tmp_path / "rl" / "final").mkdir(parents=True)  # launch checks that the stage saved
@@ -161,15 +161,12 @@ def test_a_launch_serves_one_base_per_node(tmp_path, monkeypatch, in_run):
     said.mkdir()
     rank = Path(__file__).with_name("served_base_rank.py")
 
-    run_guarded = stage._run_guarded
+    def torchrun_of_our_ranks(cmd, env):  # `-m rcgrpo.cli stage rl ...` -> the rank program
+        at = cmd.index("rcgrpo.cli") - 1
+        env = {**env, "OMP_NUM_THREADS": "1"}
+        return subprocess.run([*cmd[:at], str(rank), str(said), str(own)], env=env).returncode
 
-    def our_ranks(argv, env):  # the agent's `-m rcgrpo.cli train rl ...` -> the rank program
-        at = argv.index("rcgrpo.cli") - 1
-        return run_guarded(
-            [*argv[:at], str(rank), str(said), str(own)], {**env, "OMP_NUM_THREADS": "1"}
-        )
-
-    monkeypatch.setattr(stage, "_run_guarded", our_ranks)
+    monkeypatch.setattr(stage_process, "_run", torchrun_of_our_ranks)
     run_folder = tmp_path / "outputs" / "served-run"
     with served_bases(run_folder) if in_run else contextlib.nullcontext():
         stage.launch("rl", rc, None)

@@ -229,7 +229,7 @@ def test_another_users_process_is_no_leftover_server(shared):
 # -- the stores ---------------------------------------------------------------------------------
 
 READ = "import sys; open(sys.argv[1], 'rb').read(16); print('read')"
-# what every `rcgrpo train` and pipeline does first: open the project's MLflow store; here each
+# what every `rcgrpo stage` and pipeline does first: open the project's MLflow store; here each
 # process waits at a start line (a file) after its imports, so that they open it together
 CONFIGURE = """
 import os, sys, time
@@ -266,7 +266,7 @@ def open_store_together(project: Path, n: int) -> list[subprocess.CompletedProce
 
 
 def test_processes_opening_a_fresh_store_together_all_get_it(tmp_path):
-    """Two standalone `rcgrpo train` on a fresh checkout both created the MLflow tables, and one
+    """Two standalone `rcgrpo stage` on a fresh checkout both created the MLflow tables, and one
     died in alembic (a 285-line traceback): the store is created under a lock in its folder."""
     done = open_store_together(tmp_path, 3)
     bad = [p.stderr.strip().splitlines()[-1:] for p in done if p.returncode]

@@ -37,7 +37,7 @@ needs_trl = pytest.mark.skipif(
     importlib.util.find_spec("trl") is None,
     reason='TRL is not installed (pip install -e ".[peer]"; CI does not install it)',
 )
-TASKS = ("multi_turn_base_4", "multi_turn_base_11")  # two of the cpu preset's RL tasks
+TASKS = ("multi_turn_base_4", "multi_turn_base_11")  # two of the CPU default's RL tasks
 
 
 def rollout_group(cls, task_id: str, G: int) -> list:

@@ -3,8 +3,10 @@ project (its own git repo, DVC store, MLflow store; /work/main's git is never to
 
 Checks what a user looks at afterwards: a DVC data version committed in git, an MLflow pipeline
 run with nested stage runs holding metrics and artifacts, a registered model version tagged with
-the data version, config and metrics, the evaluation table, and the report folder. ~1.5-2 min on
-2 cores. The CLI talks to the session's Prefect test server (fixture `prefect_server`).
+the data version, config and metrics, the evaluation table, and the report folder. The command
+runs under tests/flow_guard.py: the flow's own process may not import torch, transformers or the
+model loader (every stage runs in a process of its own). ~2-3 min on 2 cores. The CLI talks to
+the session's Prefect test server (fixture `prefect_server`).
 """
 
 from __future__ import annotations
@@ -64,13 +66,19 @@ def copy_env(proj: Path) -> dict[str, str]:
     return env
 
 
-def run_in_copy(proj: Path, profile: str, sets, timeout: int) -> tuple[int, str]:
+def run_in_copy(
+    proj: Path, profile: str, sets, timeout: int, guard_log: Path | None = None
+) -> tuple[int, str]:
     """`rcgrpo run --profile <profile> --set ...` in a project copy (copy_env): exit code and
-    stdout + stderr."""
+    stdout + stderr. guard_log: under tests/flow_guard.py, its refusals written there."""
     cmd = [sys.executable, "-m", "rcgrpo.cli", "run", "--profile", profile]
+    env = copy_env(proj)
+    if guard_log is not None:
+        cmd[1:3] = [str(Path(__file__).with_name("flow_guard.py"))]
+        env["FLOW_GUARD_LOG"] = str(guard_log)
     for pair in sets:
         cmd += ["--set", pair]
-    out = subprocess.run(cmd, cwd=proj, env=copy_env(proj), capture_output=True, text=True,
+    out = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True,
                          timeout=timeout)  # fmt: skip
     return out.returncode, out.stdout + out.stderr
 
@@ -80,7 +88,9 @@ def test_main_command_on_tiny_profile(prefect_server, tmp_path):
     main = project_root()
     main_head = _git(main, "rev-parse", "HEAD")
     proj = copy_project(main, tmp_path / "proj")
-    code, text = run_in_copy(proj, "tiny", TINY, timeout=900)
+    guard = tmp_path / "flow_guard.log"
+    code, text = run_in_copy(proj, "tiny", TINY, timeout=900, guard_log=guard)
+    assert not guard.exists(), f"the flow's process imported:\n{guard.read_text()}"
     assert code == 0, text[-5000:]
     assert "pipeline finished" in text and "http://127.0.0.1:5000/#/experiments/" in text
 

@@ -19,7 +19,7 @@ from rcgrpo.training.plan.report import budget_problem, make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = re.compile(r"qwen2\.5-7b-instruct|llama-3\.1-8b-instruct|--procs [2-9]|engine=vllm")
-# a README line that names no preset runs the cpu preset's 1,536-token budget: it is refused
+# a README line that names no preset runs params.yaml's 1,536-token budget: it is refused
 
 
 def gpu_commands(path: Path) -> list[str]:
@@ -85,7 +85,7 @@ def test_every_gpu_command_in_the_docs_passes_the_budget_check(cmd):
 
 
 def test_the_one_gpu_command_without_a_preset_is_refused_by_plan_not_after_the_export():
-    """Without --preset the cpu preset's 1,536-token budget applies: plan says so at once."""
+    """Without --preset params.yaml's CPU budget (1,536 tokens) applies: plan says so at once."""
     problem = planned("rcgrpo run --profile qwen2.5-7b-instruct --set rollout.engine=vllm")
     assert problem and "7,757 tokens" in problem and "= 1,536" in problem, problem
 
@@ -94,7 +94,7 @@ def test_plan_refuses_the_cpu_budget_for_a_7b_profile_in_one_line():
     from rcgrpo.training.plan.memory import NoFit
     from rcgrpo.training.plan.report import check
 
-    cfg = resolve("cpu", [], "qwen2.5-7b-instruct")
+    cfg = resolve("", [], "qwen2.5-7b-instruct")  # params.yaml's CPU budget
     gpu = C.GPUS["h100"]
     plan = make_plan(
         cfg["model"],

@@ -6,7 +6,7 @@ else as this user, whom the checks then treat alike):
   secret is refused in one line on every rank, before training;
 * a member that sends a pickle where its rollouts go (what all_gather_object unpickled, running
   its code in rank 0) is refused without running it (tests/hostile_rank.py);
-* killing `rcgrpo train --nnodes N` left the rendezvous listening, and `--procs N` the agent and
+* killing `rcgrpo stage NAME --nnodes N` left the rendezvous listening, and `--procs N` the agent and
   its ranks training, minutes later; now every signal and the agent's own death stop them all;
 * the one-node rendezvous and the ranks' gloo sockets listen on 127.0.0.1 only.
 The secret's challenge and the launcher's options are checked by hand first.
@@ -126,9 +126,9 @@ def sft_data(tmp_path_factory):
 def train(data: Path, out_dir: Path, *extra: str, epochs: int = 1) -> list[str]:
     sets = {"epochs": epochs, "batch_size": 1, "micro_batch_size": 1, "lr": 1e-3,
             "warmup_ratio": 0.0, "data": data / "rctp.jsonl", "out_dir": out_dir}  # fmt: skip
-    return [sys.executable, "-m", "rcgrpo.cli", "train", "rctp", "--allow-cpu",
+    return [sys.executable, "-m", "rcgrpo.cli", "stage", "rctp", "--allow-cpu",
             *[f"--set={k}={v}" for k, v in sets.items()],
-            "--model-set", "profile=tiny", "--model-set", "device=cpu", *extra]  # fmt: skip
+            "--set", "model.profile=tiny", "--set", "model.device=cpu", *extra]  # fmt: skip
 
 
 def run_env(home: Path | None = None) -> dict:
@@ -255,7 +255,7 @@ def test_a_killed_train_leaves_no_rank_training(tmp_path, sft_data, mlflow_store
         below = descendants(proc.pid)
         guard = [p for p in below if "rcgrpo.procs" in cmdline(p)]  # it names the whole argv
         agent = [p for p in below if "rcgrpo.training.launch" in cmdline(p) and p not in guard]
-        ranks = [p for p in below if "-m rcgrpo.cli train rctp --config" in cmdline(p)]
+        ranks = [p for p in below if "-m rcgrpo.cli stage rctp --config" in cmdline(p)]
         ranks = [p for p in ranks if p not in guard + agent]
         assert len(agent) == 1 and len(ranks) == 2, [cmdline(p) for p in below]
         addresses = [a for p in agent + ranks for a in listeners_of(p)]

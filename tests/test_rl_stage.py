@@ -1,5 +1,5 @@
 """The Trainer as the rl stage builds it (`build_trainer`: the policy saved by fine-tuning, its
-engine wrapped by the execution backend, as `rcgrpo train rl` and `rcgrpo run` do), not on a bare
+engine wrapped by the execution backend, as `rcgrpo stage rl` and `rcgrpo run` do), not on a bare
 engine: what the trainer reads of its engine (budgets, concurrency, replies) is the real one's.
 
     .venv/bin/pytest tests/test_rl_stage.py -q

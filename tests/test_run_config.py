@@ -46,21 +46,21 @@ def test_rcgrpo_run_reads_params_once_and_builds_each_section_once(monkeypatch):
     seen = _counting(monkeypatch)
     rc = _resolve(["rl.steps=2", "eval.limit=1"], "", "", "", "", 1)
     assert seen == {"reads": 1, "builds": len(SECTIONS)}
-    assert rc.rl.steps == 2 and rc.eval.limit == 1 and rc.plan.preset == "cpu"
+    assert rc.rl.steps == 2 and rc.eval.limit == 1 and rc.plan.preset == ""
 
 
 def test_layers_merge_in_order_and_paths_are_absolute(tmp_path):
     """preset < --set < variant for RL; the variant's goals only where nothing chose them."""
-    rc = resolve(None, "cpu", "sft+grpo", {"rl": {"lr": 0.5, "conditioning": "rc"}})
-    assert rc.rl.lr == 0.5  # the --set wins over the preset's 2e-4
+    rc = resolve(None, "paper", "sft+grpo", {"rl": {"lr": 0.5, "conditioning": "rc"}})
+    assert rc.rl.lr == 0.5  # the --set wins over the preset's 1e-6
     assert (rc.rl.conditioning, rc.rl.init) == ("none", "sft")  # the recipe wins over a --set
-    assert rc.rl.steps == 20 and list(rc.eval.tokens) == ["none"]  # preset; variant's goals
-    chosen = resolve(None, "cpu", "sft+grpo", {"eval": {"tokens": ["high"]}})
+    assert rc.rl.steps == 400 and list(rc.eval.tokens) == ["none"]  # preset; variant's goals
+    chosen = resolve(None, "paper", "sft+grpo", {"eval": {"tokens": ["high"]}})
     assert list(chosen.eval.tokens) == ["high"]
     assert Path(rc.rl.init_path).is_absolute() and rc.rl.init_path.endswith("outputs/sft/final")
     assert all(Path(p).is_absolute() for p in (rc.rctp.data, rc.rl.out_dir, rc.eval.out_dir))
-    plain = resolve(None)  # `rcgrpo train rl` / dvc.yaml: params.yaml's sections as they are
-    assert plain.plan.preset == "" and plain.rl.steps != 20
+    plain = resolve(None)  # every front, params.yaml's `pipeline:` choosing no preset/variant
+    assert (plain.plan.preset, plain.plan.variant, plain.rl.steps) == ("", "", 20)
 
 
 def test_a_fault_names_its_layer():
@@ -69,7 +69,7 @@ def test_a_fault_names_its_layer():
     with pytest.raises(ConfigError, match=r"rl\.p_high=7: must be in \[0, 1\]"):
         resolve(None, sets={"rl": {"p_high": 7}})
     with pytest.raises(ConfigError, match=r"rl: .*\(--set rl\.micro_batch_size=7\)$"):
-        resolve(None, "cpu", sets={"rl": {"micro_batch_size": 7}})  # mini_batch 10 % 7
+        resolve(None, sets={"rl": {"micro_batch_size": 7}})  # mini_batch 10 % 7
 
 
 def test_settings_that_name_what_the_environment_has_are_checked_against_it():
@@ -92,7 +92,7 @@ def test_settings_that_name_what_the_environment_has_are_checked_against_it():
 
 
 def test_run_config_json_round_trips_and_a_bad_edit_fails_in_one_line(tmp_path):
-    rc = resolve(None, "cpu", "rctp+rc-grpo", {"rl": {"steps": 3}}, ["rl"], procs=2)
+    rc = resolve(None, "paper", "rctp+rc-grpo", {"rl": {"steps": 3}}, ["rl"], procs=2)
     path = rc.write(tmp_path / "run_config.json")
     assert RunConfig.load(path) == rc
     data = json.loads(path.read_text())
@@ -110,7 +110,7 @@ def test_a_run_config_written_before_a_section_existed_still_loads(tmp_path):
     section, e.g. `retention`, loads with that section's defaults; an unknown one still fails."""
     from rcgrpo.tracking.retention import RetentionConfig
 
-    rc = resolve(None, "cpu", "rctp+rc-grpo", {"rl": {"steps": 3}}, ["rl"])
+    rc = resolve(None, "", "rctp+rc-grpo", {"rl": {"steps": 3}}, ["rl"])
     data = json.loads(rc.write(tmp_path / "run_config.json").read_text())
     del data["retention"]
     (tmp_path / "old.json").write_text(json.dumps(data))
@@ -126,7 +126,7 @@ def test_a_run_config_written_before_a_section_existed_still_loads(tmp_path):
 def test_a_stage_runs_and_logs_to_mlflow_without_reading_params_yaml(
     tmp_path, mlflow_store, monkeypatch
 ):
-    """`rcgrpo train rctp` (dvc.yaml's command) as rcgrpo.tracking.stage runs it: its own MLflow
+    """`rcgrpo stage rctp` (dvc.yaml's command) as rcgrpo.tracking.stage runs it: its own MLflow
     run with the step metrics, the model and run_config.json; params.yaml is never read."""
     from mlflow.tracking import MlflowClient
 

@@ -149,7 +149,7 @@ def test_run_resume_after_a_kill_during_rl_ends_as_an_uninterrupted_run(prefect_
     spec["rl"]["out_dir"] = str(proj / "outputs" / "rl_ref")
     (tmp_path / "ref.json").write_text(json.dumps(spec))
     ref = subprocess.run(
-        [sys.executable, "-m", "rcgrpo.cli", "train", "rl", "--config", str(tmp_path / "ref.json")],
+        [sys.executable, "-m", "rcgrpo.cli", "stage", "rl", "--config", str(tmp_path / "ref.json")],
         cwd=proj,
         env=env,
         capture_output=True,
@@ -198,7 +198,7 @@ def test_resume_state_refuses_in_one_line_and_voids_what_a_redone_stage_fed(tmp_
     from rcgrpo.run_config import resolve
     from rcgrpo.tracking import orphans
 
-    rc = resolve(None, "cpu", "rctp+rc-grpo", {}, ["finetune", "rl"], 1)  # params.yaml here
+    rc = resolve(None, "", "rctp+rc-grpo", {}, ["finetune", "rl"], 1)  # params.yaml here
     monkeypatch.setenv("RCGRPO_PROJECT", str(tmp_path))  # the state file goes there
     with pytest.raises(ConfigError, match=r"no pipeline run to resume in this project"):
         orphans.interrupted(rc)
@@ -228,7 +228,7 @@ def test_resume_state_refuses_in_one_line_and_voids_what_a_redone_stage_fed(tmp_
 
 
 def test_resume_refuses_a_fine_tuned_model_another_command_replaced(tmp_path, monkeypatch):
-    """`rcgrpo run --resume` skipped fine-tuning after a standalone `rcgrpo train rctp` had
+    """`rcgrpo run --resume` skipped fine-tuning after a standalone `rcgrpo stage rctp` had
     written over the run's model, and RL resumed against another reference (loss/kl 1.03 at
     step 2). The model's sha256 is recorded when the stage finishes and checked on resume: the
     same bytes written again pass, other weights are refused in one line."""
@@ -240,7 +240,7 @@ def test_resume_refuses_a_fine_tuned_model_another_command_replaced(tmp_path, mo
     from rcgrpo.run_config import resolve
     from rcgrpo.tracking import orphans
 
-    rc = resolve(None, "cpu", "rctp+rc-grpo", {}, ["finetune", "rl"], 1)
+    rc = resolve(None, "", "rctp+rc-grpo", {}, ["finetune", "rl"], 1)
     monkeypatch.setenv("RCGRPO_PROJECT", str(tmp_path))
     policy = load_policy(ModelConfig(profile="tiny"))
     final = save_policy(policy, tmp_path / "outputs" / "rctp" / "final", {"stage": "rctp"})

@@ -263,7 +263,7 @@ def test_a_bad_value_in_a_preset_is_refused_naming_the_preset(tmp_path):
 def test_good_values_still_load():
     assert parse_sets(["rctp.lr=1e-5"], sectioned=True) == {"rctp": {"lr": 1e-05}}
     assert parse_sets(["seeds=[0, 1]"], False, "eval") == {"seeds": [0, 1]}
-    check_params(preset="cpu")  # the checkout's params.yaml and both presets
+    check_params(preset="paper")  # the checkout's params.yaml and its preset
     check_params(preset="paper")
 
 
@@ -290,15 +290,15 @@ def one_line(out) -> str:
         (["run", "--set", "rl.clip_eps=-1.0"], "error: rl.clip_eps=-1.0: must be in (0, 1]"),
         (["run", "--set", "execution.cpus_per_worker=-1.0"],
          "error: execution.cpus_per_worker=-1.0: must be in [0, inf)"),
-        (["train", "rctp", "--set", "micro_batch_size=0"],
+        (["stage", "rctp", "--set", "micro_batch_size=0"],
          "error: rctp.micro_batch_size=0: must be in [1, inf)"),
-        (["train", "rl", "--set", "lr=-1.0"], "error: rl.lr=-1.0: must be in (0, 1]"),
-        (["train", "rctp", "--model-set", "dtype=float99"],
+        (["stage", "rl", "--set", "lr=-1.0"], "error: rl.lr=-1.0: must be in (0, 1]"),
+        (["stage", "rctp", "--set", "model.dtype=float99"],
          "error: model.dtype=float99: must be one of auto, float32, bfloat16, float16"),
-        (["train", "rctp", "--set", "epochs=-1"], "error: rctp.epochs=-1: must be in [1, inf)"),
-        (["train", "sft", "--set", "batch_size=-4"], "error: sft.batch_size=-4: must be in [1, inf)"),
-        (["eval", ".", "--set", "seeds=[a]"], "error: eval.seeds=[a]: must be a list of int"),
-        (["eval", ".", "--set", "limit=-1"], "error: eval.limit=-1: must be in [0, inf)"),
+        (["stage", "rctp", "--set", "epochs=-1"], "error: rctp.epochs=-1: must be in [1, inf)"),
+        (["stage", "sft", "--set", "batch_size=-4"], "error: sft.batch_size=-4: must be in [1, inf)"),
+        (["stage", "eval", "--set", "seeds=[a]"], "error: eval.seeds=[a]: must be a list of int"),
+        (["stage", "eval", "--set", "limit=-1"], "error: eval.limit=-1: must be in [0, inf)"),
     ],
 )  # fmt: skip
 def test_reported_bad_settings_fail_in_one_line_at_once(args, line):
@@ -312,7 +312,7 @@ def test_yaml_exponent_lr_is_accepted_by_the_cli(tmp_path):
     next check (an out_dir that cannot be written: refused before training)."""
     blocker = tmp_path / "file"
     blocker.write_text("")
-    out, _ = cli("train", "rctp", "--set", "lr=1e-5", "--set", f"out_dir={blocker / 'x'}")
+    out, _ = cli("stage", "rctp", "--set", "lr=1e-5", "--set", f"out_dir={blocker / 'x'}")
     assert "is not writable" in one_line(out)
 
 

@@ -31,7 +31,7 @@ def test_yaml_alias_bomb_is_refused_in_one_line(tmp_path):
     assert len(BOMB) < 1500
     with pytest.raises(ConfigError, match=r"YAML aliases \(\*a\) are not accepted"):
         read_params(bomb)
-    out = cli("train", "rl", "--params", str(bomb))
+    out = cli("stage", "rl", "--params", str(bomb))
     assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "aliases" in last and len(last) < 400
@@ -163,7 +163,7 @@ def test_unknown_task_id_fails_in_one_line_before_the_model_loads(tmp_path):
     row = json.loads(second)
     row["task_id"] = "multi_turn_base_99999"
     path.write_text(first + "\n" + json.dumps(row) + "\n")
-    out = cli("train", "rctp", "--set", f"data={path}", "--set", f"out_dir={tmp_path / 'out'}")
+    out = cli("stage", "rctp", "--set", f"data={path}", "--set", f"out_dir={tmp_path / 'out'}")
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode != 0 and len(lines) == 1, out.stderr[-2000:]
     assert "record 2: unknown task id 'multi_turn_base_99999'" in lines[0]
@@ -177,19 +177,19 @@ def test_unknown_task_id_fails_in_one_line_before_the_model_loads(tmp_path):
     ],
 )
 def test_bad_run_config_files_fail_in_one_line(tmp_path, content, says):
-    """`rcgrpo train STAGE --config FILE` (what DVC and every torchrun rank run) and
+    """`rcgrpo stage NAME --config FILE` (what DVC and every torchrun rank run) and
     `--params FILE`: a file that is not UTF-8, or holds a number of 5,000 digits, ended in a
     traceback."""
     from test_hardening import one_line_error
 
     bad = tmp_path / "run.json"
     bad.write_bytes(content)
-    out = cli("train", "rctp", "--config", str(bad))
+    out = cli("stage", "rctp", "--config", str(bad))
     one_line_error(out, f"--config {bad}: ")
     assert says in out.stderr
     if b"\xff" in content:  # params.yaml, read by every command
         (tmp_path / "params.yaml").write_bytes(b"rl:\n  lr: \xff\n")
-        out = cli("train", "rctp", "--params", str(tmp_path / "params.yaml"))
+        out = cli("stage", "rctp", "--params", str(tmp_path / "params.yaml"))
         one_line_error(out, f"{tmp_path / 'params.yaml'}: line 2: byte 0xff is not UTF-8")
 
 

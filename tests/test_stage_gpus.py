@@ -47,6 +47,27 @@ def test_plan_prints_each_stages_gpu_use():
     line = next(x for x in out.stdout.splitlines() if "GPUs per stage" in x)
     assert "dataset 8 vLLM servers x 1 GPU at 0.85" in line
     assert "eval 8 vLLM servers x 1 GPU at 0.85" in line and "rl 8 ranks" in line
+    # GPU 0 per stage, every process there: the stages' own processes hold no policy with vLLM
+    gpu0 = [x.strip() for x in out.stdout.splitlines()]
+    assert (
+        "data: stage process 0 GB (policy on the CPU) + vLLM server 0 at 0.85 + its context "
+        "= 72.8 GB"
+    ) in gpu0
+    assert "rctp: rank 0 trainer, update peak 60.4 GB" in gpu0
+    assert (
+        "rl: rank 0 trainer 18.0 GB + its vLLM server 0 at 0.70 + its context: rollouts 78.0 GB, "
+        "update 58.3 GB (vLLM asleep)"
+    ) in gpu0
+
+
+def test_a_server_beside_a_full_gpu_asks_for_what_is_left():
+    """0.70 asked beside 30 GB on an 85 GB GPU: (55 GB - 1 GiB) / 85 GB = 0.634; its 0.5 GB
+    context on top."""
+    from rcgrpo.training.plan.stages import _server
+
+    held, text = _server(0.70, 30e9, 85e9, 0.5e9)
+    assert held == 0.634 * 85e9 + 0.5e9
+    assert text == "vLLM server 0 at 0.63 (lowered from 0.70: 55.0 GB free) + its context"
 
 
 @pytest.mark.slow

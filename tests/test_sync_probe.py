@@ -64,7 +64,7 @@ def test_a_normal_sync_passes_and_a_skipped_one_is_caught(trainer, monkeypatch):
     server's log-probs of the probe equal the trainer's (fp32 on both sides). Step 2 with the
     engine's sync skipped: the server still serves step 1's adapter, and the step fails with
     one line naming the gap and the setting."""
-    from rcgrpo.cli import user_error
+    from rcgrpo.cli.errors import user_error
 
     engine = trainer.engine.local  # the VLLMEngine inside the stage's wrapper
     (normal,) = trainer.train(stop_after=1)  # the start probe, step 1, its sync and probe

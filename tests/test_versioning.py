@@ -7,6 +7,7 @@ a missing cache is pulled from the local remote, and the lock makes a second wri
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import threading
@@ -104,8 +105,11 @@ def test_rollback_v1_v2_v1_byte_for_byte_and_forward(project):
     assert listed[1]["rows"]["rctp/train.jsonl"] == {"high": 8, "low": 8}
     assert listed[1]["date"] and listed[1]["md5"] == v1["md5"]
 
+    marked = project / "outputs" / "data" / "version.json"  # what dvc.yaml's stages follow
+    assert json.loads(marked.read_text()) == {"md5": v2["md5"]}
     change = rollback(v1["rev"][:8], project)
     assert file_md5s(project / "data") == md5s1
+    assert json.loads(marked.read_text()) == {"md5": v1["md5"]}
     assert change["md5"] == v1["md5"] and change["previous_md5"] == v2["md5"]
     assert "rctp/train.jsonl" in change["modified"] and not change["added"]
     assert data_version(project)["dirty"]  # data.dvc now differs from HEAD (v2)

@@ -7,7 +7,7 @@ types (list elements too), intervals and choices before anything starts, and `rc
 show` prints them. A bad value fails in one line that names the field and the rule:
 
     error: rl.p_high=7.0: must be in [0, 1]
-    error: model.dtype=float99: must be one of float32, bfloat16, float16 (params.yaml presets.cpu)
+    error: model.dtype=float99: must be one of float32, bfloat16, float16 (params.yaml presets.paper)
 
 `--set` (parse_sets), `--params` files, params.yaml and its presets (check_params) all go through
 it. YAML values are read as YAML 1.2 reads numbers (`1e-5` is a float; YAML 1.1 says string).

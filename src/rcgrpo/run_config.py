@@ -3,17 +3,22 @@
 `resolve` reads params.yaml at most once, merges the layers and builds every section's frozen
 dataclass once (a bad value fails here, in one line naming the layer it came from), with the
 project's relative paths made absolute. The result, a `RunConfig`, is what every stage takes:
-nothing below re-reads params.yaml. It travels to other processes (torchrun ranks, `dvc repro`'s
-stage commands) as `run_config.json`, which `RunConfig.load` builds back through the same checks.
+nothing below re-reads params.yaml. It travels to the stages' processes (`rcgrpo stage NAME`,
+torchrun ranks) as `run_config.json`, which `RunConfig.load` builds back through the same checks.
+
+Every front resolves the same way: `rcgrpo run`, `rcgrpo stage NAME` without `--config` (what
+dvc.yaml's stages run, so `dvc repro` and `dvc exp run` too), a scheduled run and `rcgrpo config
+show`. A preset, variant or stage list not given is params.yaml `pipeline:`'s (`pipeline_defaults`),
+so the same params.yaml gives the same run_config.json whichever front reads it.
 
 Why the layers merge in this order: a preset is a named block of sections (`presets:`), the
 `--set`s are this one run's choices so they win over it, and a variant (the paper's recipe,
 rcgrpo.evaluation.variants) fixes RL's init/conditioning/p_high last; its evaluation goals only
 fill `eval.tokens` where neither a preset nor a `--set` chose them.
 
-    rc = resolve(read_params(), preset="cpu", variant="rctp+rc-grpo", sets={"rl": {"steps": 2}})
+    rc = resolve(read_params(), preset="paper", sets={"rl": {"steps": 2}})
     rc.write(Path("outputs/rl/run_config.json"));  RunConfig.load(that_path) == rc
-    rcgrpo train rl --config outputs/rl/run_config.json         # one stage, from the file
+    rcgrpo stage rl --config outputs/rl/run_config.json         # one stage, from the file
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from rcgrpo.runtime import project_root
 
 PIPELINE_STAGES = ("data", "finetune", "rl", "eval")
 TRAIN_STAGES = ("rctp", "sft", "rl")
+# the held-out evaluation, and the RL tasks before and after RL (the pipeline's headline)
+EVAL_STAGES = ("eval", "eval_rl_tasks_before", "eval_rl_tasks_after")
+STAGES = ("data", *TRAIN_STAGES, *EVAL_STAGES)  # what `rcgrpo stage NAME` runs, one process each
 
 
 @dataclass(frozen=True)
@@ -108,10 +116,25 @@ class RunConfig:
         return cls(**built, plan=plan)
 
 
+def pipeline_defaults(params: dict) -> dict:
+    """params.yaml `pipeline:` as every front reads it: {"stages", "variant", "preset"}."""
+    pp = params.get("pipeline") or {}
+    if not isinstance(pp, dict):
+        raise ConfigError("pipeline: must be a mapping of stages, variant, preset (params.yaml)")
+    if unknown := sorted(set(pp) - {"stages", "variant", "preset"}):
+        raise ConfigError(f"pipeline: unknown key(s) {unknown}; allowed: stages, variant, preset")
+    stages = pp.get("stages")
+    return {
+        "stages": tuple(PIPELINE_STAGES if stages is None else stages),
+        "variant": pp.get("variant") or "",
+        "preset": pp.get("preset") or "",
+    }
+
+
 def resolve(
     params: dict | Path | None = None,
-    preset: str = "",
-    variant: str = "",
+    preset: str | None = None,
+    variant: str | None = None,
     sets: dict[str, dict] | None = None,
     stages: list[str] | tuple[str, ...] | None = None,
     procs: int = 1,
@@ -121,18 +144,21 @@ def resolve(
 ) -> RunConfig:
     """params.yaml (a dict already read, a path, or None = the project's) + presets.<preset> +
     `sets` ({"rl": {"steps": 2}}: checked by rcgrpo.config.parse_sets) + the variant's RL fields
-    -> a RunConfig with every section built once. Raises ConfigError naming the offending layer."""
+    -> a RunConfig with every section built once. Raises ConfigError naming the offending layer.
+    preset, variant, stages: None or "" = params.yaml `pipeline:`'s (pipeline_defaults)."""
     root = Path(root or project_root())
     where = str(params) if isinstance(params, Path) else str(root / "params.yaml")
     if not isinstance(params, dict):
         params = read_params(params)
+    chosen = pipeline_defaults(params)
+    preset, variant = preset or chosen["preset"], variant or chosen["variant"]
     presets = params.get("presets") or {}
     if preset and preset not in presets:
         raise ConfigError(f"preset {preset!r} is not in params.yaml presets: {sorted(presets)}")
     layer = (presets.get(preset) or {}) if preset else {}
     if not isinstance(layer, dict):
         raise ConfigError(f"presets.{preset} must map sections to fields ({where})")
-    stages = tuple(PIPELINE_STAGES if stages is None else stages)
+    stages = tuple(chosen["stages"] if stages is None else stages)
     if unknown := sorted(set(stages) - set(PIPELINE_STAGES)):
         raise ConfigError(f"unknown stages {unknown}: expected a subset of {PIPELINE_STAGES}")
     if procs < 1:
@@ -220,3 +246,19 @@ def stage_section(rc: RunConfig, stage: str):
     if stage not in TRAIN_STAGES:
         raise ConfigError(f"stage {stage!r}: expected one of {TRAIN_STAGES}")
     return getattr(rc, stage)
+
+
+def stage_dir(rc: RunConfig, stage: str) -> Path:
+    """Where a stage writes its run_config.json (and result.json): a training stage's out_dir,
+    an evaluation's eval out_dir (eval_rl_tasks_*: beside it, rcgrpo.tracking.evaluation),
+    the data stage's outputs/data (never inside the DVC-tracked data/)."""
+    if stage in TRAIN_STAGES:
+        return Path(stage_section(rc, stage).out_dir)
+    if stage == "data":
+        return Path(rc.plan.root or project_root()) / "outputs" / "data"
+    if stage == "eval":
+        return Path(rc.eval.out_dir)
+    if stage in EVAL_STAGES:
+        when = stage.rpartition("_")[2]
+        return Path(rc.plan.root or project_root()) / "outputs" / "eval_rl_tasks" / when
+    raise ConfigError(f"stage {stage!r}: expected one of {STAGES}")

@@ -6,7 +6,8 @@ so `rcgrpo --help` stays fast (tests/test_cli_pipeline.py checks it).
     rcgrpo run                     # the whole pipeline (rcgrpo.cli.pipeline)
     rcgrpo ui                      # MLflow UI + Prefect UI on 127.0.0.1
     rcgrpo data build|versions|rollback REV
-    rcgrpo train rctp|sft|rl ; rcgrpo eval PATH ; rcgrpo compare RUNS...
+    rcgrpo stage data|rctp|sft|rl|eval|eval_rl_tasks_before|eval_rl_tasks_after
+    rcgrpo compare RUNS...
     rcgrpo schedule --cron "0 2 * * *"
     rcgrpo env show multi_turn_base_0
     rcgrpo plan --profile qwen2.5-7b-instruct --preset paper --gpus 8 --gpu-memory 80
@@ -25,7 +26,8 @@ import sys
 
 import typer
 
-from rcgrpo.cli import config, doctor, env, pipeline, plan, prune, train, ui
+from rcgrpo.cli import compare, config, doctor, env, pipeline, plan, prune, stage, ui
+from rcgrpo.cli.errors import user_error
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -37,9 +39,8 @@ if importlib.util.find_spec("rcgrpo.cli.data") is not None:  # the data commands
     from rcgrpo.cli import data
 
     app.add_typer(data.app, name="data")
-app.command("train")(train.train)
-app.command("eval")(train.eval_)
-app.command("compare")(train.compare)
+app.command("stage")(stage.stage)
+app.command("compare")(compare.compare)
 app.command("ui")(ui.ui)
 app.command("schedule")(pipeline.schedule)
 app.command("plan")(plan.plan)
@@ -47,36 +48,6 @@ app.command("doctor")(doctor.doctor)
 app.command("prune")(prune.prune)
 app.add_typer(env.app, name="env")
 app.add_typer(config.app, name="config")
-
-
-# "module:Class" of the error types whose message is the whole story for a user; looked up only
-# in modules the command already imported (catching must not import torch or dvc).
-USER_ERRORS = (
-    "rcgrpo.config:ConfigError",
-    "rcgrpo.data.versioning:VersioningError",
-    "rcgrpo.training.checkpoint:CheckpointError",
-    "rcgrpo.chat.record:RecordError",
-    "rcgrpo.servers:ServerError",
-    "rcgrpo.run_lock:RunLocked",
-    "rcgrpo.owned:NotOwned",
-    "rcgrpo.data.objects:ObjectError",
-    "builtins:FileNotFoundError",
-    "rcgrpo.training.plan.memory:NoFit",
-    "rcgrpo.training.rendezvous:Refused",
-    "rcgrpo.training.grpo.exchange:ExchangeError",
-    "rcgrpo.training.grpo.sync_probe:StaleEngine",
-)
-
-
-def user_error(exc: BaseException) -> str | None:
-    """The one-line message of a project error, None for anything else (a bug)."""
-    for spec in USER_ERRORS:
-        module, name = spec.split(":")
-        cls = getattr(sys.modules.get(module), name, None)
-        if cls is not None and isinstance(exc, cls):
-            text = " ".join(str(exc).split()) or type(exc).__name__
-            return text
-    return None
 
 
 def _recover_publish() -> None:

@@ -2,16 +2,17 @@
 
 Each field is declared once, in its stage's config dataclass: `ranged(default, "[lo, hi]",
 "help")` for a number, `setting(default, "help")` for anything else, a `Literal[...]` annotation
-for a choice (rcgrpo.fields). `show` prints that declaration beside the value a command would
-use: the params.yaml section, then the preset's layer (`--preset`), the variant's RL fields
-(`--variant`), then `--set`s, resolved once by rcgrpo.run_config.resolve as `rcgrpo run`
-resolves them (a bad value fails in the same one line). `comments` writes
+for a choice (rcgrpo.fields). `show` prints that declaration beside the value a run uses: the
+params.yaml section, then the preset's layer (`--preset`, default params.yaml pipeline.preset),
+the variant's RL fields (`--variant`, default pipeline.variant), then `--set`s, resolved once by
+rcgrpo.run_config.resolve as `rcgrpo run`, `rcgrpo stage` and dvc.yaml resolve them (a bad
+value fails in the same one line). `comments` writes
 the same help into params.yaml as the trailing comment of each field's line (full-line comments,
 which say why a value was chosen, are kept); tests/test_config_show.py checks it is up to date.
 
-    rcgrpo config show rl
-    rcgrpo config show rollout --preset cpu --set rollout.engine=vllm
-    rcgrpo config show rl --preset cpu --variant rctp+grpo   # what `rcgrpo run` trains with
+    rcgrpo config show rl                        # what `make run` and `dvc repro` train with
+    rcgrpo config show rollout --preset paper --set rollout.engine=hf
+    rcgrpo config show rl --variant rctp+grpo    # what `rcgrpo run --variant rctp+grpo` trains with
     rcgrpo config comments            # rewrite params.yaml's field comments from the help
 """
 
@@ -61,8 +62,8 @@ def table(section: str, cfg, width: int = 100) -> str:
 @app.command("show")
 def show_cmd(
     section: str = typer.Argument("", help="one params.yaml section (default: all of them)"),
-    preset: str = typer.Option("", help="apply this params.yaml preset (e.g. cpu) on top"),
-    variant: str = typer.Option("", help="apply this variant's RL fields (e.g. rctp+grpo)"),
+    preset: str = typer.Option("", help="this params.yaml preset (e.g. paper) on top"),
+    variant: str = typer.Option("", help="this variant's RL fields on top (e.g. rctp+grpo)"),
     set_: list[str] = typer.Option([], "--set", help="section.key=value on top (repeatable)"),
     params: Path = typer.Option(None, help="another params.yaml"),
 ):
@@ -74,16 +75,13 @@ def show_cmd(
         raise ConfigError(f"config show {section}: no such section; valid: {sorted(SECTIONS)}")
     data = read_params(params)
     sets = parse_sets(set_, sectioned=True, path=params, together=False)
-    rc = resolve(data, preset, variant, sets)  # as `rcgrpo run` builds it, once
+    rc = resolve(data, preset, variant, sets)  # as every front builds it, once
     names = [section] if section else list(SECTIONS)
     typer.echo("\n\n".join(table(s, getattr(rc, s)) for s in names))
-    pp = data.get("pipeline") or {}
-    given = [("preset", preset), ("variant", variant), ("--set", " ".join(set_))]
+    given = [("preset", rc.plan.preset), ("variant", rc.plan.variant), ("--set", " ".join(set_))]
     layers = " + ".join(["params.yaml", *[f"{k} {v}" for k, v in given if v]])
     typer.echo(
-        f"\n({layers}; `rcgrpo train` and dvc.yaml read params.yaml as it is, `rcgrpo run` adds "
-        f"--preset {pp.get('preset', 'cpu')} --variant {pp.get('variant', 'rctp+rc-grpo')} "
-        "unless given)"
+        f"\n({layers}: what `rcgrpo run`, `rcgrpo stage` and `dvc repro` run with these options)"
     )
 
 

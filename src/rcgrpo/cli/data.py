@@ -1,6 +1,10 @@
 """`rcgrpo data ...`: build, list and roll back the DVC-versioned trajectory dataset.
 
-rcgrpo data build                                  # params.yaml `dataset:` section
+`build` is the data stage (`rcgrpo stage data`, rcgrpo.cli.stage) with the settings resolved
+from params.yaml as `rcgrpo run` resolves them and `--set` on the `dataset:` section (or any
+`section.key=value`), its errors said in a line or two.
+
+rcgrpo data build                                  # params.yaml, resolved
 rcgrpo data build --set train_tasks=8 --set test_tasks=4 --set rollouts=off
 rcgrpo data versions
 rcgrpo data rollback <rev>                         # byte for byte; says what changed
@@ -16,13 +20,6 @@ import typer
 app = typer.Typer(no_args_is_help=True, help="Build, list and roll back the dataset (DVC).")
 
 
-def _overrides(pairs: list[str], params: Path | None = None) -> dict:
-    """["k=v", ...] -> {k: yaml(v)}, each checked against the dataset section (ConfigError)."""
-    from rcgrpo.config import parse_sets
-
-    return parse_sets(pairs, False, "dataset", params)
-
-
 def _root(root: Path | None) -> Path:
     from rcgrpo.runtime import project_root
 
@@ -35,24 +32,16 @@ def build(
     params: Path | None = typer.Option(None, help="params.yaml to read (default: checkout's)"),
 ) -> None:
     """Generate, label, validate (GX) and version (DVC) the dataset; one build at a time."""
-    from rcgrpo.data.dataset import load_config
+    from rcgrpo.cli.stage import data_stage, qualified
+    from rcgrpo.config import parse_sets
     from rcgrpo.data.validation import ValidationFailed
     from rcgrpo.data.versioning import VersioningError
+    from rcgrpo.run_config import resolve
 
-    cfg = load_config(_overrides(set_, params), params)  # a bad --set: ConfigError, one line
-    from rcgrpo.data.versioning import check_data_dir
-
-    # never another folder, nor a push into src/: before anything starts
-    check_data_dir(cfg.project, cfg.data_dir, cfg.remote)
-    import contextlib
-
-    from flows.build_dataset import build_dataset_flow  # prefect: heavy import
-    from rcgrpo.flow_server import prefect_for_flows
-
+    pairs = [qualified(p, "dataset") for p in set_]  # a bad --set: ConfigError, one line
+    rc = resolve(params, sets=parse_sets(pairs, sectioned=True, path=params, together=False))
     try:
-        with contextlib.ExitStack() as stack:  # its own Prefect server stops with the command
-            prefect_for_flows(stack)
-            result = build_dataset_flow(cfg)
+        result = data_stage(rc)  # its own Prefect server (if needed) stops with the command
     except ValidationFailed as e:
         typer.secho(str(e), fg="red", err=True)
         typer.echo("nothing was versioned; data/ still holds the previous version", err=True)

@@ -1,6 +1,6 @@
 """`rcgrpo doctor`: what this machine gives a run (torch, CUDA, driver, GPUs, the vLLM venv,
 flash-attn, and the device / dtype / attention / engine each model profile resolves to here),
-and the CPU refusal `rcgrpo run` and `rcgrpo train` apply before anything starts.
+and the CPU refusal `rcgrpo run` and `rcgrpo stage` apply before anything starts.
 
     rcgrpo doctor
     rcgrpo doctor --skip-vllm     # without starting the vLLM venv's python (~20 s on 2 cores)

@@ -14,12 +14,14 @@ The run's settings are resolved once (rcgrpo.run_config.resolve: params.yaml, --
 passed down to every stage; nothing below reads params.yaml again. It works from any directory:
 `--project DIR` (or $RCGRPO_PROJECT) names the checkout, else the one the package runs from.
 
+Every stage runs as `rcgrpo stage NAME` in a process of its own (flows/pipeline.py); this one
+keeps the Prefect flow and the MLflow bookkeeping and never loads a model or initialises CUDA.
 The multi-GPU form: `--procs N` runs each training stage (fine-tuning, RL) on N processes, one
-per GPU, started with torchrun by the stage (rcgrpo.tracking.stage `launch`); the data
-stage, the evaluation and the MLflow/Prefect bookkeeping stay in this one process. Each rank
-binds cuda:LOCAL_RANK, rolls out its share of the RL groups on its own engine (its own vLLM
-server on its GPU with rollout.engine=vllm) and trains its share of every micro-batch list
-(rcgrpo.training.distributed). `rcgrpo train STAGE --procs N` runs one stage the same way
+per GPU, started with torchrun (rcgrpo.tracking.stage `launch`); the data stage and the
+evaluations run one process each, with vLLM servers on every GPU. Each rank binds
+cuda:LOCAL_RANK, rolls out its share of the RL groups on its own engine (its own vLLM server on
+its GPU with rollout.engine=vllm) and trains its share of every micro-batch list
+(rcgrpo.training.distributed). `rcgrpo stage STAGE --procs N` runs one stage the same way
 outside the pipeline.
 """
 
@@ -66,10 +68,10 @@ def run(
     variant: str = typer.Option(
         "",
         help="rctp+rc-grpo | rctp+grpo | sft+rc-grpo | sft+grpo (default: params.yaml "
-        "pipeline.variant); see rcgrpo.evaluation.variants",
+        "pipeline.variant, none: the rl section as it is); see rcgrpo.evaluation.variants",
     ),
     preset: str = typer.Option(
-        "", help="cpu | paper: params.yaml presets (default: pipeline.preset, cpu)"
+        "", help="paper: a params.yaml preset (default: pipeline.preset, none: the sections)"
     ),
     profile: str = typer.Option("", help="model profile (shortcut for --set model.profile=...)"),
     register_name: str = typer.Option("rcgrpo", help="Model Registry name of the RL model"),
@@ -128,6 +130,7 @@ def run(
     lines = [
         f"pipeline finished in {minutes:.1f} min (MLflow run {out['run_id']})",
         f"  data version     {out.get('data_version')}",
+        *_skipped((out.get("data") or {}).get("rollouts_skipped")),
         f"  model version    {out.get('model_version', '-')} (MLflow Model Registry)",
         f"  RL tasks         {_before_after(out.get('rl_tasks') or {})}",
         f"  evaluation table {out.get('eval', {}).get('table', '-')}",
@@ -138,6 +141,11 @@ def run(
         f"  Prefect          {api}",
     ]
     typer.echo("\n".join(lines))
+
+
+def _skipped(why: str | None) -> list[str]:
+    """The summary line when the data stage made no own-policy failures (vLLM not installed)."""
+    return [f"  data rollouts    skipped: {why}; the low half is perturbations only"] if why else []
 
 
 def _traces_url(out: dict) -> str:
@@ -153,19 +161,15 @@ def _resolve(sets, stages: str, variant: str, preset: str, profile: str, procs: 
     section checked (rcgrpo.run_config.resolve), the data folder and --procs checked, all
     before a Prefect server or MLflow run starts; a fault raises ConfigError in one line.
     `nodes`: (--nnodes, --rdzv-endpoint)."""
-    from rcgrpo.config import ConfigError, read_params
+    from rcgrpo.config import ConfigError
     from rcgrpo.run_config import resolve
 
-    params = read_params()
-    pp = params.get("pipeline") or {}  # what the main command runs by default
     overrides = _overrides([*sets, *([f"model.profile={profile}"] if profile else [])])
-    chosen = [s.strip() for s in stages.split(",") if s.strip()] or pp.get("stages")
+    chosen = [s.strip() for s in stages.split(",") if s.strip()] or None  # None: pipeline's
     if procs < 1:
         raise ConfigError(f"rcgrpo run --procs {procs}: must be >= 1")
-    preset = preset or pp.get("preset", "cpu")
-    variant = variant or pp.get("variant", "rctp+rc-grpo")
-    rc = resolve(
-        params, preset, variant, overrides, chosen, procs, nodes=nodes[0], rendezvous=nodes[1]
+    rc = resolve(  # preset, variant, stages not given: params.yaml pipeline:'s, as every front
+        None, preset, variant, overrides, chosen, procs, nodes=nodes[0], rendezvous=nodes[1]
     )
     if "data" in rc.plan.stages:  # never another folder, nor a push into src/
         from rcgrpo.data.versioning import check_data_dir
@@ -176,13 +180,14 @@ def _resolve(sets, stages: str, variant: str, preset: str, profile: str, procs: 
 
 
 def _check_procs(procs: int) -> None:
-    """--procs against the GPUs here (a CPU-only box runs the ranks over gloo: tests)."""
+    """--procs against the GPUs here (a CPU-only box runs the ranks over gloo: tests), counted
+    without CUDA: this process never initialises it."""
     from rcgrpo.config import ConfigError
 
     if procs > 1:
-        import torch
+        from rcgrpo.rollout.router import visible_gpus
 
-        gpus = torch.cuda.device_count()
+        gpus = len(visible_gpus())
         if gpus and procs > gpus:
             raise ConfigError(f"rcgrpo run --procs {procs}: this machine has {gpus} GPUs")
 
@@ -219,10 +224,13 @@ def schedule(
     stages: str = typer.Option("", help="stages each scheduled run does (default: as rcgrpo run)"),
 ) -> None:
     """Serve the pipeline with a cron schedule until Ctrl-C (needs a Prefect server: rcgrpo ui).
-    Each scheduled run uses the settings resolved now (serve again after editing params.yaml)."""
+    Each scheduled run resolves params.yaml as it is when it starts, with these --set/--stages
+    on top, as `rcgrpo run` does."""
     _enter_project()
-    rc = _resolve(set_, stages, "", "", "", 1)  # a bad --set fails before serving
-    params: dict = {"rc": rc.to_dict()}
+    _resolve(set_, stages, "", "", "", 1)  # a bad --set fails before serving
+    chosen = [s.strip() for s in stages.split(",") if s.strip()]
+    settings = {"sets": _overrides(set_), **({"stages": chosen} if chosen else {})}
+    params: dict = {"settings": settings}
     from rcgrpo.flow_server import checked_api_url, prefect_api_running, use_prefect
 
     found = None if os.environ.get("PREFECT_API_URL") else prefect_api_running()

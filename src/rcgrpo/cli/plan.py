@@ -31,9 +31,9 @@ def resolve(preset: str, sets: list[str], profile: str) -> dict:
     from rcgrpo.run_config import resolve as resolve_run
 
     params = read_params()
-    preset = preset or (params.get("pipeline") or {}).get("preset", "cpu")
     given = parse_sets([*sets, *([f"model.profile={profile}"] if profile else [])], True)
-    rc = resolve_run(params, preset=preset, sets=given)
+    rc = resolve_run(params, preset=preset, sets=given)  # "" = params.yaml pipeline.preset
+    preset = rc.plan.preset or "none (params.yaml's sections)"
     stage = rc.rl.init  # the fine-tuning stage RL starts from
     return {
         "model": rc.model,
@@ -84,7 +84,7 @@ def pick_gpu(name: str, memory: float):
 def plan(
     profile: str = typer.Option("", help="model profile (shortcut for --set model.profile=...)"),
     preset: str = typer.Option(
-        "", help="cpu | paper: params.yaml presets (default: pipeline.preset)"
+        "", help="paper: a params.yaml preset (default: pipeline.preset, none: the sections)"
     ),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     gpus: int = typer.Option(8, min=1, help="GPUs, one training process + rollout engine each"),
@@ -113,6 +113,7 @@ def plan(
     from rcgrpo.training.plan import constants
     from rcgrpo.training.plan.render import render
     from rcgrpo.training.plan.report import check, make_plan
+    from rcgrpo.training.plan.stages import gpu0_by_stage
 
     cfg = resolve(preset, set_, profile)
     spec, memory = pick_gpu(gpu, gpu_memory)
@@ -132,6 +133,7 @@ def plan(
     )
     result.head.append(f"preset {cfg['preset']}, fine-tuning stage {cfg['stage']}")
     result.head.append(stage_gpus(cfg, gpus))
+    result.head += gpu0_by_stage(cfg, result, memory * constants.PHYSICAL_PER_GB, assumed)
     if not result.problems or table:
         typer.echo(render(result))
     check(result)  # NoFit: `error: <what to change>`, exit 2 (rcgrpo.cli.main)

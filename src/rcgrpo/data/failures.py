@@ -9,9 +9,11 @@
     assistant message, and at least one call the executor parsed and dispatched (a random
     policy's prose is noise, not a failure of tool calling). A first prompt over the episode
     budget is an error naming the budget (`RolloutBudgetError`), never a silent switch to
-    perturbations; only an engine or model that cannot be loaded is `EngineUnavailable` (the
-    build's `rollouts: auto` skips on that alone). Optional: perturbations alone give a full
-    balanced set.
+    perturbations; only an engine that is not installed (vLLM's venv cannot be had, or the
+    engine's package is missing) is `EngineUnavailable` (the build's `rollouts: auto` skips on
+    that alone, and the run's summary says so). A model that does not load, or a vLLM server
+    that does not start, fails the stage. With vLLM the policy loads on the CPU: it is only
+    exported for the servers. Optional: perturbations alone give a full balanced set.
 The same rule screens perturbations and, in the dataset build, every rollout given to the low half.
 
     .venv/bin/pytest tests/test_failures.py -q
@@ -34,7 +36,20 @@ class RolloutBudgetError(ConfigError):
 
 
 class EngineUnavailable(RuntimeError):
-    """The rollout engine or the base model cannot be loaded (`rollouts: auto` skips then)."""
+    """The rollout engine is not installed (`rollouts: auto` skips then, and says so)."""
+
+
+def engine_missing(rollout) -> str | None:
+    """Why the rollout section's engine cannot run here (not installed), or None."""
+    import importlib.util
+
+    if rollout.engine == "vllm":
+        from rcgrpo.rollout.vllm_venv import vllm_missing
+
+        return vllm_missing()
+    if importlib.util.find_spec("transformers") is None:
+        return "the transformers engine is not installed (no transformers package)"
+    return None
 
 
 # A call that ends an episode and acts on nothing (BFCL's combined protocol ends with it).
@@ -139,22 +154,23 @@ def rollout_failures(
     (a RolloutConfig; None = its defaults), used as it is but for `protocol`: its engine and
     scheduler, and its token budgets, whose 0 means the profile's (`for_policy`). One rollout
     per task, no reward goal (the base policy has never seen one), sampling seeded with `seed`.
-    Raises EngineUnavailable when the engine or model cannot be loaded, RolloutBudgetError
-    (naming the budget) when a first prompt leaves no room for a token.
+    Raises EngineUnavailable when the engine is not installed, RolloutBudgetError (naming the
+    budget) when a first prompt leaves no room for a token; anything else (a model that does
+    not load, a vLLM server that does not start) as it is.
     """
     from dataclasses import replace
 
     from rcgrpo.rollout.config import RolloutConfig
 
     rollout_cfg = replace(rollout or RolloutConfig(), protocol=protocol)
-    try:
-        from rcgrpo.models.loading import load_policy
-        from rcgrpo.rollout.execution import make_engine  # heavy: torch, transformers
+    if why := engine_missing(rollout_cfg):
+        raise EngineUnavailable(why)
+    from rcgrpo.models.device import for_engine
+    from rcgrpo.models.loading import load_policy
+    from rcgrpo.rollout.execution import make_engine  # heavy: torch, transformers
 
-        policy = load_policy(model)
-        engine = make_engine(rollout_cfg, policy, env)
-    except Exception as e:
-        raise EngineUnavailable(f"{type(e).__name__}: {e}") from e
+    policy = load_policy(for_engine(model, rollout_cfg.engine))
+    engine = make_engine(rollout_cfg, policy, env)
     local = engine
     settings = {
         k: getattr(engine.cfg, k)

@@ -13,6 +13,11 @@ window (RCGRPO_PUBLISH_PAUSE=aside|swapped|commit|committed holds it there).
 
     from rcgrpo.data.publishing import publish
     publish(staging_folder, project_root)      # -> {"rev", "md5", "changed", "path"}
+
+Every change of what data/ holds (a publish, a rollback) also writes its md5 to
+outputs/<data_dir>/version.json (`mark_version`): dvc.yaml's training stages depend on that file,
+so they rerun when data/ changes by either route, while data.dvc, which DVC would make a stage of
+their pipeline (one a fresh clone cannot verify), stays out of it.
 """
 
 from __future__ import annotations
@@ -122,4 +127,15 @@ def publish(
         if push:
             versioning.push(root, data_dir, remote)  # (the `push` flag shadows the name)
         journal_path(root).unlink()
+        mark_version(root, data_dir, md5)
         return {"rev": rev, "md5": md5, "changed": changed, "path": str(data)}
+
+
+def mark_version(root: str | Path, data_dir: str, md5: str) -> Path:
+    """outputs/<data_dir>/version.json = {"md5"}: the version data/ holds now (see above)."""
+    import json
+
+    path = Path(root) / "outputs" / data_dir / "version.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"md5": md5}) + "\n")
+    return path

@@ -26,6 +26,7 @@ import yaml
 
 from rcgrpo.data.journal import build_lock
 from rcgrpo.data.objects import copy_version
+from rcgrpo.data.publishing import mark_version
 from rcgrpo.data.versioning import (
     VersioningError,
     _git,
@@ -154,6 +155,7 @@ def rollback(
                 repo.close()
         shutil.rmtree(aside, ignore_errors=True)
         after = listing(root, md5)
+        mark_version(root, data_dir, md5)  # dvc.yaml's training stages rerun on it
     return {
         "rev": full,
         "md5": md5,

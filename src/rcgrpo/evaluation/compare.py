@@ -1,6 +1,6 @@
 """Compare evaluated runs: one table row per run and a bar chart with Wilson 95% intervals.
 
-Reads the report.json that `rcgrpo eval` writes (a folder or the file itself; an MLflow
+Reads the report.json that `rcgrpo stage eval` writes (a folder or the file itself; an MLflow
 artifact folder works too). Rows say which protocol and checker each number was measured with,
 since numbers under different protocols are not comparable.
 
@@ -38,7 +38,7 @@ def load_report(path: str | Path) -> dict:
     path = Path(path)
     file = path / "report.json" if path.is_dir() else path
     if not file.exists():
-        raise FileNotFoundError(f"{file} not found: pass a folder written by `rcgrpo eval`")
+        raise FileNotFoundError(f"{file} not found: pass a folder written by `rcgrpo stage eval`")
     return json.loads(file.read_text())
 
 

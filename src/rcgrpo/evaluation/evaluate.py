@@ -20,8 +20,8 @@ BFCL's results are also written in bfcl-eval's result-file layout,
 one JSON line per entry {"id", "result"}, result = per turn, per step, the model's decoded output
 as a prompting model writes it ("[cd(folder='a'), ls()]"), so bfcl-eval's evaluator can score it.
 
-    rcgrpo eval outputs/rl/final --set tokens=[high,low] --set seeds=[0,1]
-    rcgrpo eval outputs/rctp/final --set split=train --set task_file=data/rctp/train.jsonl
+    rcgrpo stage eval --model outputs/rl/final --set tokens=[high,low] --set seeds=[0,1]
+    rcgrpo stage eval_rl_tasks_before            # the fine-tuned model on the RL tasks
 """
 
 from __future__ import annotations
@@ -258,10 +258,12 @@ def run_eval(
 ) -> dict:
     """Load a saved policy and evaluate it on `env` (the run's environment) with the rollout
     engine (rcgrpo.rollout.engine), at cfg.temperature (greedy by default) whatever the rollout
-    section's sampling temperature.
+    section's sampling temperature. With vLLM the policy loads on the CPU (models.device.for_engine:
+    only its export is served).
     backend: an rcgrpo.rollout.execution Backend (local or Ray workers; None = one local engine)."""
     from dataclasses import replace
 
+    from rcgrpo.models.device import for_engine
     from rcgrpo.models.loading import load_policy
     from rcgrpo.rollout.config import RolloutConfig, for_inference
     from rcgrpo.rollout.execution import RolloutSpec, make_engine
@@ -269,10 +271,11 @@ def run_eval(
 
     cfg = resolve_protocol(cfg, env, model_path)
     tasks = eval_tasks(cfg, env)  # before loading the model: a bad task_file fails at once
-    policy = load_policy(model_cfg, adapter_path=model_path)
     rollout_cfg = replace(
         rollout_cfg or RolloutConfig(), protocol=cfg.protocol, temperature=cfg.temperature
     )
+    model_cfg = for_engine(model_cfg, rollout_cfg.engine)
+    policy = load_policy(model_cfg, adapter_path=model_path)
     util = cfg.vllm_gpu_memory_utilization  # every GPU: no trainer shares them now
     rollout_cfg = for_inference(rollout_cfg, cfg.vllm_servers, util, visible_gpus())
     if backend is None:

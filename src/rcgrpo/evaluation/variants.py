@@ -15,7 +15,7 @@ differs from RCTP+RC-GRPO only in never drawing <|low_reward|>. SFT-initialised 
 without a goal, the prompts their fine-tuning saw; an SFT+RC-GRPO model is also scored under
 high/low, beside it, for its controllability gap.
 
-    rcgrpo run --variant sft+grpo          # the pipeline with one of them (default rctp+rc-grpo)
+    rcgrpo run --variant sft+grpo          # the pipeline with one of them (params.yaml: rctp+rc-grpo)
     .venv/bin/python bench/learning.py     # all four, same start, same rollout budget, 3 seeds
 """
 
@@ -55,3 +55,16 @@ def get_variant(name: str) -> Variant:
     if name not in VARIANTS:
         raise ValueError(f"unknown variant {name!r}: pick one of {sorted(VARIANTS)}")
     return VARIANTS[name]
+
+
+def recipe(rl) -> Variant:
+    """The paper's recipe an `rl:` section amounts to (init, conditioning, p_high): its Variant,
+    else one named after those fields (not one of the paper's four), evaluated under the goals
+    it was trained with. What `rcgrpo run` reports and tags as the run's variant."""
+    for v in VARIANTS.values():
+        p_matches = rl.p_high == v.p_high if v.p_high is not None else rl.p_high != 1.0
+        if (rl.init, rl.conditioning) == (v.init, v.conditioning) and p_matches:
+            return v
+    if rl.conditioning == "none":
+        return Variant(f"{rl.init}+grpo (no goal)", rl.init, "none", None, ("none",))
+    return Variant(f"{rl.init}+rc-grpo (p_high {rl.p_high:g})", rl.init, "rc", rl.p_high, ("high",))

@@ -40,6 +40,23 @@ def resolve(cfg: ModelConfig) -> ModelConfig:
     return dataclasses.replace(cfg, device=device, dtype=dtype)
 
 
+def for_engine(cfg: ModelConfig, engine: str) -> ModelConfig:
+    """The policy's config for a stage that only rolls out (data, evaluation): with the vLLM
+    engine the policy is loaded on the CPU, since only its export for the servers (and the
+    reward-token rows) need it, in the dtype it would have on the GPU (what vLLM serves); the
+    GPUs stay whole for the servers. The transformers engine samples from the policy itself:
+    `cfg` as it is."""
+    if engine != "vllm":
+        return cfg
+    import torch
+
+    dtype = cfg.dtype
+    if dtype == "auto":  # as `resolve` picks on a GPU, without creating a CUDA context here
+        hub = PROFILES[cfg.profile].source in ("hub", "gguf")
+        dtype = "bfloat16" if hub and torch.cuda.is_available() else "float32"
+    return dataclasses.replace(cfg, device="cpu", dtype=dtype)
+
+
 def attention_implementation(cfg: ModelConfig) -> str:
     """The attention of the training forwards: model.attention, or for "auto" the device's.
 

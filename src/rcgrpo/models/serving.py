@@ -9,7 +9,7 @@ every later engine of the run (RL's ranks, the evaluations) whose rows are the s
 same folder. The folder lives under the run's output (`served_bases`, entered by `rcgrpo run`,
 sets RCGRPO_SERVED_DIR for the stages and their torchrun ranks) and is removed when the run
 ends. Every node's torchrun agent (rcgrpo.tracking.stage.launch: node 0 of `rcgrpo run`, a
-joining node of `--nnodes`, `rcgrpo train STAGE --procs N`) runs its ranks inside
+joining node of `--nnodes`, `rcgrpo stage STAGE --procs N`) runs its ranks inside
 `node_bases()`: the run's folder when there is one, else a folder of this node's own for that
 launch, so the ranks of a node share one export (a rank of a joining node used to export its own
 15 GB base). A kill -9 gives no chance to remove it: the next `served_bases` on this host removes

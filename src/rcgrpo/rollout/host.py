@@ -89,19 +89,25 @@ def profile_rows(engine: str) -> list[tuple[str, str, str, str, str]]:
 
 
 def cpu_refusal(profile: str, procs: int, engine: str, what: str) -> str | None:
-    """The one-line error for a GPU-sized run that would run on the CPU here, else None."""
-    import torch
+    """The one-line error for a GPU-sized run that would run on the CPU here, else None. Torch
+    is asked in a process of its own (only for a GPU-sized run): the caller may be the process
+    of a pipeline's flow, which never imports it."""
+    import subprocess
+    import sys
 
     from rcgrpo.models.profiles import PROFILES
 
-    if torch.cuda.is_available() or os.environ.get(ALLOW_CPU_ENV) == "1":
-        return None
     hub = profile in PROFILES and PROFILES[profile].source == "hub"
     reasons = [f"profile {profile} (a hub model)"] * hub
     reasons += [f"--procs {procs}"] * (procs > 1) + ["rollout.engine=vllm"] * (engine == "vllm")
-    if not reasons:
+    if not reasons or os.environ.get(ALLOW_CPU_ENV) == "1":
+        return None
+    probe = "import torch; print(torch.cuda.is_available(), torch.__version__)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    gpu, _, version = done.stdout.strip().partition(" ")
+    if gpu == "True":
         return None
     return (
-        f"{what}: {', '.join(reasons)} would run on the CPU (torch {torch.__version__} sees "
+        f"{what}: {', '.join(reasons)} would run on the CPU (torch {version} sees "
         "no GPU; see `rcgrpo doctor` and docs/gpu-setup.md); pass --allow-cpu to run anyway"
     )

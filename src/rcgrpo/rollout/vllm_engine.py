@@ -54,7 +54,7 @@ from rcgrpo.rollout.config import RolloutConfig
 from rcgrpo.rollout.engine import Engine, Sample
 from rcgrpo.rollout.router import Router, gpu_of, visible_gpus
 from rcgrpo.rollout.scheduler import Clock, DirectClient
-from rcgrpo.rollout.vllm_args import server_args
+from rcgrpo.rollout.vllm_args import each_server_args
 from rcgrpo.rollout.vllm_served import adapter_name, prompt_logprobs
 from rcgrpo.rollout.vllm_server import VLLMServer
 from rcgrpo.rollout.vllm_venv import cuda
@@ -128,7 +128,7 @@ class VLLMEngine(Engine):
         else:
             self.base = export_for_serving(policy, self.workdir / "base")
         self.served_rows = reward_rows(policy)
-        args = server_args(cfg, policy.config, self.base, BASE_NAME, policy.is_lora, cuda())
+        args, memory = each_server_args(cfg, policy, self.base, BASE_NAME, devices, cuda())
         if cfg.vllm_sleep_mode and not cuda():
             warnings.warn(
                 "rollout.vllm_sleep_mode on the CPU: /sleep pauses the server and frees "
@@ -138,7 +138,7 @@ class VLLMEngine(Engine):
         self.servers = [
             VLLMServer(
                 self.base,
-                args,
+                args[i],
                 self.workdir / f"server-{i}.log",
                 dev,
                 cfg.vllm_sleep_mode,
@@ -146,6 +146,8 @@ class VLLMEngine(Engine):
             )
             for i, dev in enumerate(devices)
         ]
+        for server, share in zip(self.servers, memory, strict=False):
+            server.memory = share  # a failed start names its GPU, free and asked memory
         self.router, self.clocks = Router(len(self.servers)), [Clock() for _ in self.servers]
         self.asleep = False
         try:

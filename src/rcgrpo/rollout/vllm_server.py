@@ -46,6 +46,7 @@ from pathlib import Path
 from rcgrpo.procs import guarded
 from rcgrpo.rollout import colocate, vllm_lifecycle
 from rcgrpo.rollout.call_stats import parse_metrics
+from rcgrpo.rollout.gpu_memory import ServerStartFailed, start_failure
 from rcgrpo.rollout.vllm_lifecycle import group_alive
 from rcgrpo.rollout.vllm_socket import UnixHTTPConnection, check_socket
 from rcgrpo.rollout.vllm_venv import cuda, ensure_venv
@@ -73,6 +74,7 @@ class VLLMServer:
         self.dev_routes = dev_routes or sleep_mode  # /sleep, /reset_prefix_cache, ... (guarded)
         self.key = secrets.token_urlsafe(32)  # 256 bits, new for every server start
         self.proc: subprocess.Popen | None = None  # the guard (rcgrpo.procs) above the server
+        self.memory = None  # rcgrpo.rollout.gpu_memory.Share asked for on a GPU
         self.socket: Path | None = None  # its Unix socket, in `ipc` (set by launch)
         self.home: Path | None = None  # private folder: working directory and guard module
         self.ipc: Path | None = None  # vLLM's ZMQ sockets (vllm_lifecycle.ipc_dir)
@@ -170,10 +172,7 @@ class VLLMServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"the vLLM server exited with {self.proc.returncode} while starting; "
-                    f"log {self.log_path}:\n{self.log_tail()}"
-                )
+                self._failed(f"exit code {self.proc.returncode}")
             if self.socket.exists():
                 check_socket(self.socket)
                 with contextlib.suppress(OSError, http.client.HTTPException):
@@ -186,7 +185,11 @@ class VLLMServer:
                     finally:
                         conn.close()
             time.sleep(1.0)
-        raise TimeoutError(f"vLLM server not healthy after {START_TIMEOUT_S} s: {self.log_path}")
+        self._failed(f"not healthy after {START_TIMEOUT_S} s")
+
+    def _failed(self, why: str):
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        raise ServerStartFailed(start_failure(self.devices, self.memory, why, text, self.log_path))
 
     def log_tail(self, n: int = 30) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])

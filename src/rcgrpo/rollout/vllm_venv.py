@@ -36,6 +36,18 @@ def ensure_venv() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+def vllm_missing() -> str | None:
+    """Why vLLM cannot run here (its venv cannot be had: not installed and not buildable, e.g.
+    offline), or None when its python is ready."""
+    try:
+        python = ensure_venv()
+    except (FileNotFoundError, RuntimeError) as e:
+        return f"vLLM is not installed ({' '.join(str(e).split())[:300]})"
+    if not os.access(python, os.X_OK):
+        return f"vLLM is not installed ({python} is no interpreter)"
+    return None
+
+
 def cuda() -> bool:
     from shutil import which
 

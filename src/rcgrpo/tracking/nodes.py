@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from rcgrpo.run_config import RunConfig, stage_section
-from rcgrpo.tracking.stage import CONFIG_FILE, launch
+from rcgrpo.tracking.stage import launch
+from rcgrpo.tracking.stage_process import CONFIG_FILE
 
 
 def training_stages(rc: RunConfig) -> list[str]:

@@ -5,7 +5,7 @@ Marked FAILED. A pipeline killed by SIGKILL (or a lost machine) never ends its M
 the UI showed them running forever. The next pipeline run holds the project's run lock
 (rcgrpo.run_lock), so no other pipeline can be live: every RUNNING run tagged `stage=pipeline`,
 and every RUNNING run below it, was left by a dead process. They get status FAILED and the tag
-`rcgrpo.killed` (a resumed run reopens them: RUNNING again). A standalone `rcgrpo train` run (no
+`rcgrpo.killed` (a resumed run reopens them: RUNNING again). A standalone `rcgrpo stage` run (no
 pipeline parent) is never touched: it does not take the lock.
 
 Resumed. The pipeline's state file, <project>/outputs/pipeline.json, names the last run started
@@ -13,7 +13,7 @@ in the project (its MLflow run id, its resolved config), the stages it completed
 version it built, the fine-tuned model) and the stage runs it started; `interrupted(rc)` reads
 it back and refuses, in one line, a config that differs in a way that matters (naming the
 setting), a fine-tuned model that is not the one the run saved (its recorded sha256: a standalone
-`rcgrpo train` wrote over it, and RL would resume against another reference) and a run with
+`rcgrpo stage` wrote over it, and RL would resume against another reference) and a run with
 nothing left to resume. A file of its own rather than MLflow's record: the killed run had no chance to record
 anything, and what decides a skip is on disk: data/ still at the version the run built (DVC: not
 dirty), the fine-tuned model's folder still whole. RL resumes from its own checkpoints
@@ -221,7 +221,7 @@ def _model(info: dict) -> str | None:
 
 def model_digest(folder: str | Path) -> str:
     """sha256 (first 16 hex) of a saved model folder: each file's path and bytes, by path.
-    Bytes, not dates: a standalone `rcgrpo train` writing the same weights again is the same
+    Bytes, not dates: a standalone `rcgrpo stage` writing the same weights again is the same
     model. It reads the whole folder (the adapter and tokenizer of a LoRA policy: MBs)."""
     folder, digest = Path(folder), hashlib.sha256()
     for file in sorted(p for p in folder.rglob("*") if p.is_file()):

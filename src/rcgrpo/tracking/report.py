@@ -188,6 +188,11 @@ def summary_markdown(
     ):
         if info.get(key):
             lines.append(f"- **{key.replace('_', ' ')}**: {info[key]}")
+    if info.get("rollouts_skipped"):  # the data stage's own-policy failures were not made
+        lines.append(
+            f"- **data**: own-policy failures skipped ({info['rollouts_skipped']}): "
+            "the low half is perturbations only"
+        )
     lines.append("")
     lines += rl_tasks_markdown(rl_tasks or {}, rl or {})
     lines += traces_markdown(rl_traces or {}, info.get("headline_goal") or "high")

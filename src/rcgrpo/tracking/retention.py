@@ -5,7 +5,7 @@ out_dir (rcgrpo.training.checkpoint.prune), MLflow runs with their artifacts and
 and DVC data versions (rcgrpo.data.retention). `rcgrpo prune` runs it; every pipeline run
 (`rcgrpo run`, the scheduled ones) runs it last, under the run lock.
 
-MLflow: a top-level run (a pipeline run, or a standalone `rcgrpo train`) and the runs below it
+MLflow: a top-level run (a pipeline run, or a standalone `rcgrpo stage`) and the runs below it
 are one family, kept or removed together.
 Families beyond the newest `mlflow_keep_runs`, or started more than `mlflow_max_age_days` ago,
 are removed: their traces (`delete_traces`), then the runs (`delete_run`), then for good with

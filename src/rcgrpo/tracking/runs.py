@@ -91,7 +91,7 @@ def configure(root: Path | None = None, experiment: str = EXPERIMENT) -> str:
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)  # the Model Registry lives in the same database
     # Under a lock in the store's folder (0700: the runs are the user's alone): two processes
-    # on a fresh checkout (two `rcgrpo train`) both created the tables, and one died in alembic.
+    # on a fresh checkout (two `rcgrpo stage`) both created the tables, and one died in alembic.
     fd, _ = open_lock(store, ".store.lock")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -1,14 +1,15 @@
 """One training stage (rctp | sft | rl) from a resolved RunConfig, logged to MLflow: the body of
-`rcgrpo train STAGE`, the one way a stage runs. dvc.yaml runs that command, the pipeline's Prefect
-task calls `run_stage` (the same function, in its process), and with `--procs N` it starts N
-torchrun ranks that each run the command again with `--config <out_dir>/run_config.json`.
+`rcgrpo stage rctp|sft|rl`, the one way a training stage runs. dvc.yaml runs that command, the
+pipeline's Prefect task starts it as a process of its own (`launch`: a plain child for one
+process, torchrun for `--procs N`, each rank running the command with
+`--config <out_dir>/run_config.json`).
 
-Why the MLflow run is opened here when none is given: `dvc repro` and a bare `rcgrpo train` then
-leave the same run (name, params, metric names, model artifact) as the pipeline's stage, in the
-project's store (mlflow/, or MLFLOW_TRACKING_URI). Under torchrun only rank 0 logs and saves.
+Why the MLflow run is opened here when none is given: `dvc repro` and a bare `rcgrpo stage rl`
+then leave the same run (name, params, metric names, model artifact) as the pipeline's stage, in
+the project's store (mlflow/, or MLFLOW_TRACKING_URI). Under torchrun only rank 0 logs and saves.
 
-    rcgrpo train rl                                      # params.yaml as it is, own MLflow run
-    rcgrpo train rl --config outputs/rl/run_config.json --mlflow-run <run id>
+    rcgrpo stage rl                                      # params.yaml resolved, own MLflow run
+    rcgrpo stage rl --config outputs/rl/run_config.json --mlflow-run <run id>
 """
 
 from __future__ import annotations
@@ -16,19 +17,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
-from rcgrpo.procs import GRACE_S, child_env, guarded
 from rcgrpo.run_config import RunConfig, stage_section
-from rcgrpo.runtime import project_root
 from rcgrpo.tracking import runs as tracking
+from rcgrpo.tracking.stage_process import CONFIG_FILE, StageFailed, run_stage_process
 
 HEADLINE = ("sft/loss", "reward/mean", "rollout/zero_variance_frac", "loss/kl", "perf/step_s")
-CONFIG_FILE = "run_config.json"
 
 
 def stage_config(rc: RunConfig, stage: str) -> dict:
@@ -149,9 +146,10 @@ def log_outputs(run_id: str, model_path: str | Path) -> None:
 def launch(
     stage: str, rc: RunConfig, run_id: str | None, resume: bool | str = False, node_rank: int = 0
 ) -> Path:
-    """`rcgrpo train STAGE --config <out_dir>/run_config.json [--mlflow-run ID]` on
-    rc.plan.procs torchrun ranks (rank 0 logs and saves); the saved model's folder. A failed
-    rank fails the stage in one line (the ranks' output is above it).
+    """`rcgrpo stage STAGE --config <out_dir>/run_config.json [--mlflow-run ID]` in a process of
+    its own: a plain child for one process, torchrun ranks for rc.plan.procs x nodes > 1 (rank 0
+    logs and saves); the saved model's folder. A failed process or rank fails the stage in one
+    line (the output is above it).
 
     On rc.plan.nodes > 1 this is node `node_rank`'s torchrun agent: the agents of every node meet
     at rc.plan.rendezvous (HOST:PORT, served by node 0's agent; on one node 127.0.0.1 only). The
@@ -163,58 +161,30 @@ def launch(
     from rcgrpo.training.rendezvous import SECRET_ENV, SECRET_FILE, write_secret
 
     cfg, procs = stage_section(rc, stage), rc.plan.procs
-    if node_rank == 0:  # before the agent: every rank reads it after the rendezvous
-        write_secret(cfg.out_dir)
-    spec = rc.write(Path(cfg.out_dir) / CONFIG_FILE)
     if run_id:
         tracking.set_tags(run_id, {"train.procs": str(procs)})
-    if "torch" in sys.modules:  # the driver's cached GPU memory (a data-stage policy) back
-        import torch
+    args = ["--resume-from", resume] if isinstance(resume, str) else ["--resume"] * bool(resume)
+    if procs * rc.plan.nodes == 1:
+        run_stage_process(stage, rc, run_id, args)
+    else:
+        from rcgrpo.models.serving import node_bases
 
-        if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
-    agent = [sys.executable, "-m", "rcgrpo.training.launch"]
-    agent += torchrun_args(rc.plan.nodes, node_rank, rc.plan.rendezvous, procs)
-    cmd = [*agent, "-m", "rcgrpo.cli", "train", stage, "--config", str(spec)]
-    cmd += ["--mlflow-run", run_id] if run_id else []
-    cmd += ["--resume-from", resume] if isinstance(resume, str) else ["--resume"] * bool(resume)
-    # torchrun leaves a torchelastic_* folder in TMPDIR per launch: this node's own, removed
-    tmp = Path(cfg.out_dir) / f".torchrun-{socket.gethostname()}-{os.getpid()}"
-    tmp.mkdir(parents=True, exist_ok=True)
-    from rcgrpo.models.serving import node_bases
-
-    try:  # the node's ranks serve one base export between them (models.serving)
-        with node_bases():
-            env = {
-                **os.environ,
-                "TMPDIR": str(tmp),
-                SECRET_ENV: str(Path(cfg.out_dir) / SECRET_FILE),
-            }
-            if rc.plan.nodes == 1:
-                env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the ranks' gloo pairs on loopback too
-            done = _run_guarded(guarded(cmd), env)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        agent = [sys.executable, "-m", "rcgrpo.training.launch"]
+        agent += torchrun_args(rc.plan.nodes, node_rank, rc.plan.rendezvous, procs)
+        if node_rank == 0:  # before the agent: every rank reads it after the rendezvous
+            write_secret(cfg.out_dir)
+        # torchrun leaves a torchelastic_* folder in TMPDIR per launch: this node's own, removed
+        tmp = Path(cfg.out_dir) / f".torchrun-{socket.gethostname()}-{os.getpid()}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        env = {"TMPDIR": str(tmp), SECRET_ENV: str(Path(cfg.out_dir) / SECRET_FILE)}
+        if rc.plan.nodes == 1:  # the ranks' gloo pairs on loopback too
+            env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+        try:  # the node's ranks serve one base export between them (models.serving)
+            with node_bases():
+                run_stage_process(stage, rc, run_id, args, agent, env)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     final = Path(cfg.out_dir) / "final"
-    if done != 0 or not final.is_dir():
-        raise RuntimeError(
-            f"{stage} on {procs} ranks (torchrun) failed with exit code {done}: "
-            "see the ranks' output above"
-        )
+    if not final.is_dir():
+        raise StageFailed(f"stage {stage} ({procs} x {rc.plan.nodes} processes) saved no {final}")
     return final
-
-
-def _run_guarded(argv: list[str], env: dict) -> int:
-    """Run the guarded agent; its exit code. Whatever ends the wait (Ctrl-C, a handler's
-    SystemExit) first stops the guard, which stops the agent's group: nothing is left."""
-    proc = subprocess.Popen(argv, cwd=project_root(), env=child_env(env), start_new_session=True)
-    try:
-        return proc.wait()
-    except BaseException:
-        proc.send_signal(signal.SIGTERM)  # the guard: SIGTERM to the agent, SIGKILL after grace
-        try:
-            proc.wait(timeout=GRACE_S + 10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        raise

@@ -11,6 +11,8 @@ tests/test_trainer.py has a pickle whose os.system payload must not run).
 
 Each checkpoint also stores its run (rcgrpo.training.run_identity): the id of the run that wrote
 it and a hash of its resolved config (in its run.json), so `--resume` never picks up another run's checkpoint.
+torch is imported by the functions that read or write state: the folder ones (`latest`, `prune`)
+also serve the pipeline's flow process, which never imports it.
 
     save(path, model, optimizer, scheduler, step, extra={"generator": gen.get_state()})
     state = load(latest(run_dir), model, optimizer, scheduler)   # -> {"step": ..., "extra": ...}
@@ -27,10 +29,12 @@ import re
 import shutil
 import zipfile
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from rcgrpo.runtime import replace_dir
+
+if TYPE_CHECKING:
+    import torch
 
 PREFIX = "step_"
 RUN_FILE = "run.json"  # in each checkpoint folder and in out_dir: {"run_id", "config_hash"}
@@ -62,6 +66,7 @@ def check_writable(out_dir: str | Path) -> Path:
 def rng_state() -> dict:
     """Every generator's state as tensors / lists / numbers (what weights_only=True loads)."""
     import numpy as np
+    import torch
 
     version, words, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
@@ -75,6 +80,7 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     import numpy as np
+    import torch
 
     version, words, gauss = state["python"]
     random.setstate((version, tuple(words), gauss))
@@ -110,6 +116,8 @@ def save(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     failed = None
+    import torch
+
     try:
         torch.save(
             {
@@ -153,6 +161,8 @@ def load(path: str | Path, model, optimizer=None, scheduler=None) -> dict:
     path = Path(path)
     if not (path / "state.pt").exists():
         raise FileNotFoundError(f"{path} holds no state.pt: not a checkpoint written by rcgrpo")
+    import torch
+
     try:  # weights_only: a pickle that would import or call anything is refused, not run
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

@@ -1,6 +1,6 @@
 """Multi-process training through accelerate: data-parallel ranks, one update = the 1-process one.
 
-accelerate enters the project here and nowhere else. With one process (plain `rcgrpo train ...`,
+accelerate enters the project here and nowhere else. With one process (plain `rcgrpo stage ...`,
 no WORLD_SIZE > 1 in the environment) `launched()` is False, `for_training` gives `Single`
 (same interface, plain backward and clipping), accelerate is never imported and the training
 loops run exactly as a loop without it. Under `accelerate launch` every rank loads the same
@@ -33,20 +33,21 @@ trains on in the first PPO pass, and one all-reduce (`merge`) gives every rank t
 (`collective_timeout_s`, from the rollout budget; NCCL's default 10 min would kill a long one).
 Checkpoints, the final model and logged metrics are written by rank 0 only.
 
-    accelerate launch --num_processes 8 -m rcgrpo.cli train rctp --model-set profile=qwen2.5-7b-instruct
-    accelerate launch --num_processes 8 -m rcgrpo.cli train rl      # RL: every rank rolls out
-    torchrun --nproc_per_node 8 -m rcgrpo.cli train rl                # the same with torchrun
+    rcgrpo stage rctp --procs 8 --set model.profile=qwen2.5-7b-instruct   # rcgrpo.training.launch
+    rcgrpo stage rl --procs 8                   # RL: every rank rolls out
     rcgrpo run --procs 8 --preset paper ...     # the pipeline, its training stages on 8 ranks
-    accelerate launch --multi_gpu --num_processes 2 -m rcgrpo.cli train sft   # CPU box: gloo
+    rcgrpo stage sft --procs 2 --allow-cpu      # CPU box: gloo
 
-On GPUs accelerate turns --multi_gpu on by itself (8 processes, 8 GPUs, nccl). On a CPU-only
-box `--multi_gpu` starts the ranks (torch.distributed.run) and the Accelerator runs them on the
-CPU over gloo; `--cpu` alone starts one process (several only through mpirun). FSDP (full
-fine-tuning of 7B, whose fp32 weights + Adam state do not fit one GPU) is the accelerate config
-switch: `accelerate config` -> FSDP, or `accelerate launch --use_fsdp --fsdp_version 2
---fsdp_state_dict_type FULL_STATE_DICT --num_processes 8 -m rcgrpo.cli train sft ...`; the
-loops need no change, but FSDP is not run in this CPU-only project (only DDP over gloo is
-tested), and saving the final model from FSDP shards is untested.
+Ranks started by hand (`accelerate launch`, `torchrun`) train once RCGRPO_RUN_SECRET names the
+run's secret file (rcgrpo.training.rendezvous). On GPUs accelerate turns --multi_gpu on by
+itself (8 processes, 8 GPUs, nccl). On a CPU-only box `--multi_gpu` starts the ranks
+(torch.distributed.run) and the Accelerator runs them on the CPU over gloo; `--cpu` alone
+starts one process (several only through mpirun). FSDP (full fine-tuning of 7B, whose fp32
+weights + Adam state do not fit one GPU) is the accelerate config switch: `accelerate config`
+-> FSDP, or `accelerate launch --use_fsdp --fsdp_version 2 --fsdp_state_dict_type
+FULL_STATE_DICT --num_processes 8 -m rcgrpo.cli stage sft ...`; the loops need no change, but
+FSDP is not run in this CPU-only project (only DDP over gloo is tested), and saving the final
+model from FSDP shards is untested.
 """
 
 from __future__ import annotations

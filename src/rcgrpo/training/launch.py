@@ -1,6 +1,6 @@
 """The torchrun agent of a multi-process stage, and what each of its ranks does first.
 
-`python -m rcgrpo.training.launch <torchrun options> -m rcgrpo.cli train STAGE ...` is torchrun
+`python -m rcgrpo.training.launch <torchrun options> -m rcgrpo.cli stage STAGE ...` is torchrun
 (torch.distributed.run) with one rendezvous of ours, `rcgrpo-static` (`torchrun_args` builds the
 options from the run's plan):
 
@@ -20,7 +20,7 @@ guard's grace); on a signal the agent stops its ranks, SIGKILL after SHUTDOWN_S 
 PR_SET_PDEATHSIG), since torch starts ranks in sessions of their own that no group signal
 reaches: a killed agent leaves no rank training behind it.
 
-    python -m rcgrpo.training.launch --nnodes 1 --node-rank 0 ... -m rcgrpo.cli train rl ...
+    python -m rcgrpo.training.launch --nnodes 1 --node-rank 0 ... -m rcgrpo.cli stage rl ...
     .venv/bin/pytest tests/test_rendezvous.py -q
 """
 

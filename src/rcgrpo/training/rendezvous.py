@@ -108,7 +108,7 @@ def prove(device) -> None:
     if secret is None:
         raise Refused(
             f"rank {rank}: no secret of this run at {path or f'${SECRET_ENV} (unset)'}: refused "
-            "(start ranks with `rcgrpo train --procs N` / `--nnodes N`, whose node 0 writes it "
+            "(start ranks with `rcgrpo stage NAME --procs N` / `--nnodes N`, whose node 0 writes it "
             "into the stage's out_dir, a folder every node must share)"
         )
     if line := verdict(challenge, sent, secret, rank, lambda r: r // local):

@@ -16,10 +16,9 @@ same gradient, far less padding: `train/pad_frac`). LoRA or full fine-tuning is 
 profile's choice (rcgrpo.models.profiles). The batch order is a function of (seed, epoch), so
 `resume` continues mid-epoch exactly.
 
-    rcgrpo train rctp                       # params.yaml `rctp:` + `model:` sections
-    rcgrpo train sft --set epochs=1
-    accelerate launch --num_processes 8 -m rcgrpo.cli train rctp   # 8 GPUs (rcgrpo.training.distributed)
-    torchrun --nproc_per_node 8 -m rcgrpo.cli train rctp            # the same with torchrun
+    rcgrpo stage rctp                       # params.yaml `rctp:` + `model:` sections
+    rcgrpo stage sft --set epochs=1
+    rcgrpo stage rctp --procs 8             # 8 GPUs: ranks of rcgrpo.training.launch's agent
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ seed every random draw of a step comes from.
 The paper's comparisons are one field away: `init` sft|rctp, `conditioning` none|rc,
 `advantage` grpo|mean|sign|max_norm.
 
-    rcgrpo train rl --set init=rctp --set conditioning=rc        # RCTP-FT + RC-GRPO
+    rcgrpo stage rl --set init=rctp --set conditioning=rc        # RCTP-FT + RC-GRPO
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """One RL stage end to end: load the fine-tuned policy, pick the RL tasks, train, save, summarise.
 
-`run_rl` is what `rcgrpo train rl`, the `rl` stage of dvc.yaml and the pipeline's RL flow call.
+`run_rl` is what `rcgrpo stage rl`, the `rl` stage of dvc.yaml and the pipeline's RL flow call.
 The RL tasks are the run environment's tasks of the fine-tuning data (`rl.tasks_from`, default
 data/rctp/train.jsonl): RL improves the policy on what it was fine-tuned for, as in the paper,
 where both stages use BFCL's 720 train tasks; on a subset (the CPU default) RL stays on that subset
 instead of drawing tasks the policy never saw.
 
-    rcgrpo train rl                                  # params.yaml `rl:` + `model:` + `rollout:`
-    rcgrpo train rl --set tasks_from=""              # every train task (BFCL: 720)
+    rcgrpo stage rl                                  # params.yaml `rl:` + `model:` + `rollout:`
+    rcgrpo stage rl --set tasks_from=""              # every train task (BFCL: 720)
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def build_trainer(
     start = Path(cfg.start_path)
     if not start.exists():
         raise FileNotFoundError(
-            f"initial model {start} not found: run `rcgrpo train {cfg.init}` first, "
+            f"initial model {start} not found: run `rcgrpo stage {cfg.init}` first, "
             "or set rl.init_path to a folder written by save_policy"
         )
     from rcgrpo.training.checkpoint import check_writable

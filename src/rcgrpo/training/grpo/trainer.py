@@ -20,8 +20,8 @@ The paper's comparisons are one field away: `init` sft|rctp, `conditioning` none
 The step's parts live beside this loop: config.py (RLConfig), rollouts.py (draw, roll out, score,
 advantages), update.py (pi_old, reference, PPO mini-batches), metrics.py (the step's metrics).
 
-    rcgrpo train rl --set init=rctp --set conditioning=rc        # RCTP-FT + RC-GRPO
-    rcgrpo train rl --set init=sft --set conditioning=none --resume
+    rcgrpo stage rl --set init=rctp --set conditioning=rc        # RCTP-FT + RC-GRPO
+    rcgrpo stage rl --set init=sft --set conditioning=none --resume
 """
 
 from __future__ import annotations
