@@ -2,7 +2,7 @@
 starts, and the evaluation at a budget point (bench/arena.py runs the arms).
 
 - The pool: the `--tasks N` short base train tasks (<= 3 gold calls; all 26 by default), built
-  into experts + 1:1 perturbation failures by the real dataset code (the cpu preset's settings).
+  into experts + 1:1 perturbation failures by the real dataset code (the CPU default's settings).
 - Held-out values: `VARIANTS` value variants of each pool task (rcgrpo.bfcl.value_variants:
   the same scenario, literals the model must copy replaced by fresh ones), never trained on.
 - Unseen scenarios (a floor): the base test tasks with <= 4 gold calls.

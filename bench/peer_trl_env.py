@@ -174,12 +174,13 @@ def paper_reward(environments, **kwargs) -> list[float]:
 
 
 def first_prompt(task: Task, compact: bool, token: str | None = None):
-    """(messages, tools) of rcgrpo's first prompt of `task` (rollout.agent_loop.first_messages)."""
-    from rcgrpo.rollout.agent_loop import first_messages
+    """(messages, tools) of rcgrpo's first prompt of `task` (rollout.agent_loop.opening of the
+    BFCL episode the agent loop opens)."""
+    from rcgrpo.envs.bfcl.environment import BFCL
+    from rcgrpo.rollout.agent_loop import opening
 
-    episode = Episode(task, hide_missed=False)
-    episode.begin_turn(0)
-    return first_messages(task, episode, PROTOCOL, token, compact)
+    messages, _, tools = opening(BFCL.episode(task, PROTOCOL), token, compact)
+    return messages, tools
 
 
 def tool_entries(task: Task, compact: bool) -> list[dict]:

@@ -176,7 +176,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=40960, help="micro-batch token budget")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: 2; --against: 1)")
     ap.add_argument("--seed", type=int, default=0, help="goals, redrawn tokens, weights")
-    # against an earlier commit (bench/update_against.py): the cpu preset's update, HEAD vs REF
+    # against an earlier commit (bench/update_against.py): the CPU default's update, HEAD vs REF
     ap.add_argument("--against", metavar="REF", help="time HEAD's update against commit REF's")
     ap.add_argument("--repeats", type=int, default=3, help="--against: HEAD/REF pairs")
     ap.add_argument("--steps", type=int, default=2, help="--against: updates per process")

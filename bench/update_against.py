@@ -2,7 +2,7 @@
 earlier commit REF, in one run, so a slowdown between commits shows as a ratio measured under
 the same load.
 
-How: the rollouts are written once (the cpu preset's 8 RL tasks x G = 5 with RC-GRPO goals,
+How: the rollouts are written once (the CPU default's 8 RL tasks x G = 5 with RC-GRPO goals,
 each the task's ground truth replayed through the agent loop with the qwen-shape tokenizer and
 compact docs, at bench/peer_trl.py's budgets: 96 tokens a message, 6 messages, 1,536 an
 episode; sampled tokens redrawn at random per rollout). REF is checked out into a temporary

@@ -4,8 +4,8 @@ REF runs it under HEAD's src and under a temporary worktree of REF's, in turn).
 
 The update is the one `bench/peer_trl.py` times for rcgrpo (its "update" column: a step's
 wall clock minus its rollout): `Trainer.train_step` of the commit, with the commit's own
-params.yaml `rl:` section and the cpu preset (8 tasks x G = 5, mini-batches of 10 rollouts,
-micro-batches by count: --max-tokens 0, as bench/peer_trl.py sets it), on the qwen-shape
+params.yaml `rl:` section (with, at older commits, the cpu preset; 8 tasks x G = 5,
+mini-batches of 10 rollouts, micro-batches by count: --max-tokens 0, as bench/peer_trl.py sets it), on the qwen-shape
 profile fully fine-tuned (its KL reference a frozen copy), so every feature the commit turns
 on by default runs. The rollouts come from the file (`bench/update.py` writes them) through a
 stand-in engine, scored by a fixed 0/1 pattern (every group has a spread), so only the update
@@ -75,14 +75,19 @@ def score_fn(rows: list[dict]):
 
 
 def rl_config(extra: dict):
-    """The commit's RLConfig: its params.yaml `rl:` + the cpu preset's + `extra` (known fields)."""
+    """The commit's RLConfig: its params.yaml `rl:` + its cpu preset's where it has one (older
+    commits; params.yaml's sections are the CPU default now) + `extra` (known fields)."""
     import yaml
 
     from rcgrpo.runtime import project_root
     from rcgrpo.training.grpo.config import RLConfig
 
     params = yaml.safe_load((project_root() / "params.yaml").read_text())
-    values = {**(params.get("rl") or {}), **params["presets"]["cpu"].get("rl", {}), **extra}
+    values = {
+        **(params.get("rl") or {}),
+        **((params.get("presets") or {}).get("cpu") or {}).get("rl", {}),
+        **extra,
+    }
     names = {f.name for f in dataclasses.fields(RLConfig)}
     return RLConfig(**{k: v for k, v in values.items() if k in names})
 

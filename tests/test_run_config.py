@@ -76,14 +76,14 @@ def test_settings_that_name_what_the_environment_has_are_checked_against_it():
     """rl.reward, the protocols, categories and failure kinds name things of the run's
     environment: a typo fails when the run is resolved, before the data stage, not after the
     fine-tuning (rl.reward was checked by the scorer, at the start of RL)."""
-    env = {"name": "calculator"}
-    small = resolve(None, "cpu", sets={"env": env, "dataset": {"train_categories": []}})
+    env, small_data = {"name": "calculator"}, {"dataset": {"train_categories": []}}
+    small = resolve(None, sets={"env": env, **small_data})
     assert small.env.name == "calculator" and small.rl.reward == ""
     with pytest.raises(ConfigError, match=r"^rl\.reward='paper': not one of its \(env\.name="
                        r"calculator: its checks are '', 'correct', 'used_tool'\)$"):  # fmt: skip
-        resolve(None, sets={"env": env, "rl": {"reward": "paper"}})
+        resolve(None, sets={"env": env, "rl": {"reward": "paper"}, **small_data})
     with pytest.raises(ConfigError, match=r"^dataset\.train_categories='base': not one of"):
-        resolve(None, "cpu", sets={"env": env})  # the cpu preset's BFCL category
+        resolve(None, sets={"env": env})  # the CPU default's BFCL category
     with pytest.raises(ConfigError, match=r"^rollout\.protocol='combined': not one of its "
                        r"\(env\.name=memory: its protocols are 'bfcl'\)"):  # fmt: skip
         resolve(None, sets={"env": {"name": "memory"}})

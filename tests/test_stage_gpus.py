@@ -56,7 +56,7 @@ def test_plan_prints_each_stages_gpu_use():
     assert "rctp: rank 0 trainer, update peak 60.4 GB" in gpu0
     assert (
         "rl: rank 0 trainer 18.0 GB + its vLLM server 0 at 0.70 + its context: rollouts 78.0 GB, "
-        "update 58.3 GB (vLLM asleep)"
+        "update 59.1 GB (vLLM asleep)"
     ) in gpu0
 
 

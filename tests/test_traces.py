@@ -88,8 +88,13 @@ def test_sampling_of_steps_and_groups():
     assert list(traced_rollouts(10, 5, 7)) == list(range(10))
 
 
+def score_loops(loops):
+    """The finished loops' rollouts, scored in one batch by BFCL's scorer of their protocol."""
+    return results(loops, BFCL.scorer(loops[0].protocol))
+
+
 def test_tree_counts_tokens_calls_and_observations(renderer):
-    (r,) = results([play(renderer, WRONG)])
+    (r,) = score_loops([play(renderer, WRONG)])
     turns = episode_tree(r)
     assert len(turns) == 1 and turns[0].user.endswith("[Reward Goal: <|high_reward|>]")
     msgs = turns[0].messages
@@ -113,7 +118,7 @@ def test_tree_counts_tokens_calls_and_observations(renderer):
 def test_tree_of_the_turn_by_turn_protocol(renderer):
     task = get_task(TASK)
     script = [m for turn in task.ground_truth for m in (format_calls(list(turn)), "Done.")]
-    (r,) = results([play(renderer, script, protocol="bfcl")])
+    (r,) = score_loops([play(renderer, script, protocol="bfcl")])
     turns = episode_tree(r)
     assert len(turns) == len(task.turns) and r.reward == 1
     assert [len(t.messages) for t in turns] == [2] * len(task.turns)  # the calls, then prose
@@ -126,7 +131,7 @@ def test_tree_of_the_turn_by_turn_protocol(renderer):
 
 def scored(renderer):
     """(success under high, failure under low): real episodes, scored by the checkers."""
-    good, bad = results([play(renderer, expert_messages()), play(renderer, WRONG, LOW)])
+    good, bad = score_loops([play(renderer, expert_messages()), play(renderer, WRONG, LOW)])
     assert (good.reward, bad.reward) == (1, 0)
     return good, bad
 
@@ -149,7 +154,7 @@ def test_evaluation_episodes_are_traces_found_by_task_reward_and_goal(renderer, 
     class Scripted:  # the evaluation's engine: real episodes, the model's part scripted
         def rollout(self, tasks, tokens, protocol, seed):
             script = {HIGH: expert_messages(), LOW: WRONG}
-            return results([play(renderer, script[t], t) for t in tokens])
+            return score_loops([play(renderer, script[t], t) for t in tokens])
 
     with tracking.start_run("eval_rl_tasks_after") as run:
         run_id = run.info.run_id
@@ -275,7 +280,7 @@ def test_timed_spans_are_measured_per_message_and_call(renderer, mlflow_store):
         time.sleep(pause)
         ids = [*renderer.encode(text), renderer.stop_id]
         loop.feed(ids, [LP] * len(ids))
-    (good,) = results([loop])
+    (good,) = score_loops([loop])
     ended = time.time_ns()
     with tracking.start_run("eval") as run:
         tracer = EpisodeTracer(run.info.run_id, TracesConfig())

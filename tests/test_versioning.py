@@ -44,7 +44,7 @@ def make_project(root):
     git(root, "config", "user.email", "test@example.com")
     git(root, "config", "user.name", "test")
     (root / "README.md").write_text("a project\n")
-    (root / ".gitignore").write_text("/dvc_remote/\n")
+    (root / ".gitignore").write_text("/dvc_remote/\n/outputs/\n")  # as a checkout ignores them
     git(root, "add", "README.md", ".gitignore")
     git(root, "commit", "-q", "-m", "init")
     init_project(root, "dvc_remote")

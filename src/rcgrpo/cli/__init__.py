@@ -16,7 +16,7 @@ so `rcgrpo --help` stays fast (tests/test_cli_pipeline.py checks it).
 Errors of the project's own types (a bad `--set`, a corrupt JSONL row, a failed rollback, a
 refused checkpoint, ...) end every command the same way, in `main`: `error: <message>` on stderr
 and exit code 2, no traceback. Anything else is a bug and keeps its traceback.
-The top layer. Imports: bfcl, config, data, envs, evaluation, fields, flow_server, flows, mlflow_ui, models, rollout, run_config, run_lock, runtime, servers, tracking, training.
+The top layer. Imports: bfcl, config, data, evaluation, fields, flow_server, flows, mlflow_ui, models, rollout, run_config, run_lock, runtime, servers, tracking, training.
 """
 
 from __future__ import annotations

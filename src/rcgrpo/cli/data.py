@@ -35,11 +35,13 @@ def build(
     from rcgrpo.cli.stage import data_stage, qualified
     from rcgrpo.config import parse_sets
     from rcgrpo.data.validation import ValidationFailed
-    from rcgrpo.data.versioning import VersioningError
+    from rcgrpo.data.versioning import VersioningError, check_data_dir
     from rcgrpo.run_config import resolve
 
     pairs = [qualified(p, "dataset") for p in set_]  # a bad --set: ConfigError, one line
     rc = resolve(params, sets=parse_sets(pairs, sectioned=True, path=params, together=False))
+    cfg = rc.dataset  # never another folder, nor a push into src/: one line, before anything
+    check_data_dir(cfg.project, cfg.data_dir, cfg.remote)
     try:
         result = data_stage(rc)  # its own Prefect server (if needed) stops with the command
     except ValidationFailed as e:

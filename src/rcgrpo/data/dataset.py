@@ -63,7 +63,9 @@ class DatasetConfig:
         0.05, "[0, 1]", "|high share - target| allowed by the validation suite"
     )
     kinds: tuple[str, ...] = setting(
-        (), "the environment's failure kinds (source b; [] = all; BFCL: wrong_tool, ...)"
+        ("all",),
+        "the environment's failure kinds (source b): [all] = every kind it has, [] = none "
+        "(own-policy rollouts only); BFCL: wrong_tool, ...",
     )
     attempts: int = ranged(4, "[1, inf)", "candidate perturbations tried per kind until one fails")
     # YAML reads a bare on/off as a bool: accepted

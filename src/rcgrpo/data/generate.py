@@ -49,14 +49,17 @@ def generate_failures(
     split: str,
     protocol: str,
     seed: int,
-    kinds=(),
+    kinds=("all",),
     attempts: int = 4,
     progress=None,
 ) -> list[Trajectory]:
-    """The usable failures the environment makes from every task's expert, in task order."""
+    """The usable failures the environment makes from every task's expert, in task order, of
+    `kinds` (("all",): every kind the environment has; (): none)."""
+    kinds = tuple(env.kinds) if tuple(kinds) == ("all",) else tuple(kinds)
     out: list[Trajectory] = []
     for i, task in enumerate(tasks):
-        out += env.failures(task, protocol, split, seed, tuple(kinds), attempts, is_usable_failure)
+        if kinds:
+            out += env.failures(task, protocol, split, seed, kinds, attempts, is_usable_failure)
         if progress:
             progress(i + 1, len(tasks))
     return out

@@ -98,7 +98,7 @@ def check_sections(sections: dict) -> None:
             sections["dataset"].train_categories,
         ),
         ("categories", env.categories, "eval.categories", sections["eval"].categories),
-        ("failure kinds", env.kinds, "dataset.kinds", sections["dataset"].kinds),
+        ("failure kinds", ("all", *env.kinds), "dataset.kinds", sections["dataset"].kinds),
         ("checks", ("", *env.checks), "rl.reward", [sections["rl"].reward]),
     ]
     for what, allowed, field, values in wanted:

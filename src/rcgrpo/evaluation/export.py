@@ -52,6 +52,16 @@ def _exported(step: list[str], names: frozenset[str]) -> list[str]:
     return [form for form in (export_form(c, names) for c in step) if form is not None]
 
 
+def _number(task_id: str) -> int:
+    """A task's number in its category (a value variant's is its scenario's); an id the task
+    set lacks sorts by its own trailing digits."""
+    try:
+        return get_task(task_id).number
+    except KeyError:
+        tail = task_id.rsplit("_", 1)[-1]
+        return int(tail) if tail.isdigit() else -1
+
+
 def write_bfcl_results(outcomes: list, out_dir: Path, model_name: str) -> list[Path]:
     """One bfcl-eval result file per (token, seed, category); returns the files written.
     Only calls with an `export_form` are written (bfcl-eval evaluates them with `eval`)."""
@@ -64,7 +74,7 @@ def write_bfcl_results(outcomes: list, out_dir: Path, model_name: str) -> list[P
         folder = Path(out_dir) / f"{model_name}-{token}-s{seed}{tail}" / "multi_turn"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"BFCL_v4_multi_turn_{category}_result.json"
-        rows = sorted(rows, key=lambda o: (get_task(o.task_id).number, o.task_id))  # variants too
+        rows = sorted(rows, key=lambda o: (_number(o.task_id), o.task_id))
         lines = []
         for o in rows:
             names = _task_function_names(o.task_id)

@@ -7,6 +7,9 @@ step's scores and tokens, `rollout/*` from the groups, `loss/*` from the optimiz
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from rcgrpo.chat.record import HIGH
@@ -108,3 +111,12 @@ def other_check(scores: list, reward: str) -> float | None:
     if reward not in checks or not names:
         return None
     return float(torch.tensor([s.checks[names[0]] for s in scores]).float().mean())
+
+
+def trim_jsonl(path: Path, step: int) -> None:
+    """metrics.jsonl keeps steps 1..`step` only: after a resume the steps past the checkpoint
+    are recomputed identically; a fresh run (step 0) starts an empty file instead of appending
+    to an earlier run's (write_summary averages the whole file)."""
+    if path.exists():
+        kept = [ln for ln in path.read_text().splitlines() if json.loads(ln)["step"] <= step]
+        path.write_text("".join(ln + "\n" for ln in kept))

@@ -40,7 +40,7 @@ from rcgrpo.training import balance, checkpoint, distributed, shared_forward, sh
 from rcgrpo.training.forward import packs
 from rcgrpo.training.grpo import dealing, engine_is, group_filter, presample, rollouts, update
 from rcgrpo.training.grpo.config import RLConfig
-from rcgrpo.training.grpo.metrics import step_metrics
+from rcgrpo.training.grpo.metrics import step_metrics, trim_jsonl
 from rcgrpo.training.grpo.sync_probe import SyncProbe
 from rcgrpo.training.heartbeat import for_rank
 from rcgrpo.training.optim import adamw
@@ -258,24 +258,14 @@ class Trainer:
         self.engine.sync(self.policy)
         return self.step
 
-    def _trim_metrics(self) -> None:
-        """metrics.jsonl keeps steps 1..self.step only: after a resume the steps past the
-        checkpoint are recomputed identically; a fresh run (step 0) starts an empty file
-        instead of appending to an earlier run's (write_summary averages the whole file)."""
-        path = self.out / "metrics.jsonl"
-        if path.exists() and distributed.is_main():
-            kept = [
-                ln for ln in path.read_text().splitlines() if json.loads(ln)["step"] <= self.step
-            ]
-            path.write_text("".join(ln + "\n" for ln in kept))
-
     def train(self, resume: bool | str = False, stop_after: int | None = None) -> list[dict]:
         """Run to cfg.steps (or stop after step `stop_after`, for tests); returns new metrics."""
         self.out.mkdir(parents=True, exist_ok=True)
         self.resume(resume)
         if self.probe is not None:  # the engine serves the starting (or resumed) policy
             self.probe(self.engine, self.step)
-        self._trim_metrics()
+        if distributed.is_main():
+            trim_jsonl(self.out / "metrics.jsonl", self.step)
         history = []
         last = self.cfg.steps if stop_after is None else min(stop_after, self.cfg.steps)
         budget = self.cfg.generated_token_budget
