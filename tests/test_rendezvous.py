@@ -145,7 +145,7 @@ def test_a_node_without_the_runs_secret_is_refused(tmp_path, sft_data, mlflow_st
     naming why in one line; node 0 trained nothing with it."""
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = ["--nnodes", "2", "--rdzv-endpoint", endpoint, "--node-rank"]
-    weights = ["--model-set", f"path={sft_data / 'tiny'}"]
+    weights = ["--set", f"model.path={sft_data / 'tiny'}"]
     argv, env = as_other_user(train(sft_data, sft_data / "node1", *nodes, "1", *weights),
                               run_env(sft_data / "home"))  # fmt: skip
     fake = subprocess.Popen(argv, cwd=project_root(), env=env, stdout=subprocess.PIPE,

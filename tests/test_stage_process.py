@@ -80,6 +80,8 @@ def test_a_vllm_start_failure_fails_the_data_stage_in_one_line(prefect_server, t
     sets += ["rollout.engine=vllm", "rollout.max_new_tokens=8", "rollout.max_total_tokens=1200"]
     cmd = [sys.executable, "-m", "rcgrpo.cli", "run", "--stages", "data", "--allow-cpu"]
     env = {**copy_env(proj), "VLLM_CPU_KVCACHE_SPACE": "100000"}  # GiB of K/V: none has it
+    # the checkout's vLLM venv (`make test` builds it first), not a second 3.5 GB build in the copy
+    env["RCGRPO_VLLM_PYTHON"] = str(project_root() / ".venv-vllm" / "bin" / "python")
     out = subprocess.run(
         [*cmd, *[a for s in sets for a in ("--set", s)]],
         cwd=proj,
