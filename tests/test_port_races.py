@@ -27,7 +27,7 @@ import urllib.request
 
 import pytest
 from squatter import Squatter, other_user, watch
-from test_servers import PARENT
+from test_servers import PARENT, as_from_a_terminal
 from test_ui import _free_port
 
 from rcgrpo.runtime import project_root
@@ -54,7 +54,7 @@ def test_rcgrpo_ui_holds_its_ports_from_before_its_servers_start(tmp_path):
     cmd = [sys.executable, "-m", "rcgrpo.cli", "ui", "--mlflow-port", str(mport),
            "--prefect-port", str(pport)]  # fmt: skip
     with Squatter() as squatter:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(as_from_a_terminal(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)  # fmt: skip
         try:
             lines = []

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from squatter import as_other_user, descendants
-from test_servers import alive
+from test_servers import alive, as_from_a_terminal
 
 from rcgrpo.runtime import project_root
 from rcgrpo.training.launch import torchrun_args
@@ -198,7 +198,7 @@ def test_a_killed_train_leaves_no_rendezvous_listening(tmp_path, sft_data, mlflo
     port = free_port()
     cmd = train(sft_data, tmp_path / "out", "--nnodes", "2", "--node-rank", "0",
                 "--rdzv-endpoint", f"127.0.0.1:{port}")  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=project_root(), env=run_env(), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(as_from_a_terminal(cmd), cwd=project_root(), env=run_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         assert wait_for(lambda: listening(port), 300), "the rendezvous never listened"
