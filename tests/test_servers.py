@@ -233,6 +233,43 @@ def test_a_killed_data_build_closes_its_output_at_once(tmp_path):
     print(f"SIGTERM mid-flow: output closed after {closed:.1f} s, {len(below)} processes gone")
 
 
+STALLED = """
+import os, signal, sys, time
+from rcgrpo.runtime import apply_defaults
+apply_defaults()
+from prefect.events import emit_event
+from rcgrpo.flow_server import private_prefect
+
+with private_prefect():
+    (uvicorn,) = [int(p) for p in open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read().split()]
+    server = open(f"/proc/{uvicorn}/task/{uvicorn}/children").read().split()
+    os.kill(int(server[0]), signal.SIGSTOP)  # the server stalls: it takes no more events
+    emit_event(event="rcgrpo.probe", resource={"prefect.resource.id": "rcgrpo.probe"})
+    print("stalled", flush=True)
+    raise SystemExit(128 + signal.SIGTERM)  # what rcgrpo's SIGTERM handler raises
+"""
+
+
+def test_a_stop_signal_does_not_wait_for_a_stalled_prefect_server(tmp_path):
+    """A command stopped by a signal while its Prefect server has stalled, with an event queued
+    for it, exits within seconds: it sends queued logs and events for 2 s at most, then stops
+    the server (5 s grace). It used to wait 10 s for each queue (a live server under the load of
+    a CI run once took 10.1 s to let `rcgrpo data build` go)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env |= {"PREFECT_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen([sys.executable, "-c", STALLED], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout.readline() == "stalled\n", proc.stderr.read()[-2000:]
+        start = time.monotonic()
+        proc.wait(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and took < 12, (proc.returncode, took)  # 15.5 s before
+    print(f"stalled Prefect server: the stopped command exited after {took:.1f} s")
+
+
 SERVER = """
 import subprocess, sys, time
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # a worker of the server

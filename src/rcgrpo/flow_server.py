@@ -22,6 +22,7 @@ import os
 import secrets
 import socket
 import sys
+import time
 from pathlib import Path
 
 from rcgrpo.procs import port_is_mine, port_owner
@@ -101,6 +102,10 @@ def on_this_machine(host: str) -> bool:
     return False
 
 
+DRAIN_S = 10.0  # Prefect's queued logs and events, at the end of a command
+DRAIN_STOPPING_S = 2.0  # the same when a signal stops it: its output closes within seconds
+
+
 @contextlib.contextmanager
 def private_prefect(log_dir: Path | None = None, timeout: float | None = None):
     """A Prefect API server for this command alone (what Prefect's ephemeral server was, but
@@ -131,8 +136,12 @@ def private_prefect(log_dir: Path | None = None, timeout: float | None = None):
         wait_ready([server], limit)
         with use_prefect(f"{url}/api", auth):
             yield server
+    except BaseException as err:
+        _drain_prefect(DRAIN_STOPPING_S if _stopped_by(err) else DRAIN_S)
+        raise
+    else:
+        _drain_prefect(DRAIN_S)
     finally:
-        _drain_prefect()
         stop(server)
 
 
@@ -153,13 +162,23 @@ def use_prefect(api: str, auth: str):
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
-def _drain_prefect() -> None:
-    """Send Prefect's queued logs and events before their server stops (else they are lost)."""
+def _stopped_by(err: BaseException) -> bool:
+    """`err` is a stop signal or Ctrl-C unwinding the command (rcgrpo's handlers exit 128+n)."""
+    if isinstance(err, KeyboardInterrupt):
+        return True
+    return isinstance(err, SystemExit) and isinstance(err.code, int) and err.code > 128
+
+
+def _drain_prefect(budget: float) -> None:
+    """Send Prefect's queued logs and events before their server stops (else they are lost),
+    within `budget` seconds for both queues together: a stalled server must not hold a stopped
+    command (and its output) open."""
     if "prefect" not in sys.modules:
         return
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
+    deadline = time.monotonic() + budget
     for worker in (APILogWorker, EventsWorker):
         with contextlib.suppress(Exception):
-            worker.drain_all(timeout=10)
+            worker.drain_all(timeout=max(0.1, deadline - time.monotonic()))
