@@ -147,7 +147,7 @@ def test_lora_sync_reaches_every_server_under_an_unguessable_name(two):
     old = two.model_name
     two.sync(two.policy)
     name = two.model_name
-    assert re.fullmatch(r"policy-v\d+-[0-9a-f]{32}", name) and name != old  # 128 bits of the sha256 of its weights
+    assert re.fullmatch(r"policy-v\d+-[0-9a-f]{32}", name) and name != old  # 128 hash bits
     for server in two.servers:
         served = {m["id"] for m in server.get("/v1/models")["data"]}
         assert name in served and old not in served
