@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -22,8 +24,9 @@ from rcgrpo.runtime import project_root
 pytestmark = pytest.mark.slow
 
 OTHER = """
-import ray, time
-ray.init(address="local", num_cpus=1, include_dashboard=False, object_store_memory=80 * 2**20)
+import os, ray, sys, time
+ray.init(address="local", num_cpus=1, include_dashboard=False, object_store_memory=80 * 2**20,
+         _temp_dir=os.path.join(sys.argv[1], "ray"))  # not /tmp/ray: it would be left there
 print(ray.get_runtime_context().gcs_address, flush=True)
 time.sleep(600)
 """
@@ -55,7 +58,8 @@ def test_auto_never_joins_another_processs_private_cluster(tmp_path):
     env |= {"HOME": str(tmp_path), "PYTHONPATH": str(project_root() / "src"),
             "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
     other_home = tmp_path / "other"  # Ray's defaults, as another user's run would have them
-    other = subprocess.Popen([sys.executable, "-c", OTHER], env={**env, "HOME": str(other_home)},
+    temp = tempfile.mkdtemp(prefix="rcgrpo-ray-")  # short: Ray's socket paths fit in 107 bytes
+    other = subprocess.Popen([sys.executable, "-c", OTHER, temp], env={**env, "HOME": str(other_home)},
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     try:
         held = other.stdout.readline().strip()
@@ -68,6 +72,7 @@ def test_auto_never_joins_another_processs_private_cluster(tmp_path):
         other.kill()
         other.wait()
         subprocess.run([sys.executable, "-c", "import ray; ray.shutdown()"], env=env, timeout=60)
+        shutil.rmtree(temp, ignore_errors=True)
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["ray_auto"] == held  # Ray's own auto would have joined it
