@@ -14,13 +14,20 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import subprocess
+import sys
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from squatter import Squatter, descendants, other_user, ports_named, watch
 
 from rcgrpo.bfcl.tasks import tasks_in
 from rcgrpo.chat.record import HIGH, LOW
+from rcgrpo.envs.bfcl.environment import BFCL
 from rcgrpo.models.loading import load_policy
 from rcgrpo.models.profiles import ModelConfig
 from rcgrpo.rollout.config import RolloutConfig
@@ -52,7 +59,7 @@ def both_schedulers(engine, tasks) -> dict:
 
 @pytest.fixture(scope="module")
 def one_server(policy, tasks):
-    engine = make_engine(VCFG, policy)
+    engine = make_engine(VCFG, policy, BFCL)
     try:
         return both_schedulers(engine, tasks)
     finally:
@@ -71,10 +78,17 @@ def two(policy, tmp_path_factory):
     )
     cwd = os.getcwd()
     os.chdir(planted)
-    try:
-        engine = make_engine(replace(VCFG, vllm_servers=2, vllm_sleep_mode=True), policy)
-    finally:
-        os.chdir(cwd)
+    # another local user takes every port a server's command line names, while it starts
+    with Squatter() as squatter:
+        stop = threading.Event()
+        watch(os.getpid(), squatter, stop)
+        try:
+            engine = make_engine(replace(VCFG, vllm_servers=2, vllm_sleep_mode=True), policy, BFCL)
+        finally:
+            stop.set()
+            os.chdir(cwd)
+        time.sleep(0.5)  # what it had already been sent is read
+        engine.squatted = (squatter.took(), squatter.seen())
     engine.planted_marker = marker
     yield engine
     groups = [g for s in engine.servers for g in (s.proc.pid, s.server_pid())]  # guard, server
@@ -85,7 +99,7 @@ def two(policy, tmp_path_factory):
 def test_greedy_async_equals_lockstep_and_one_server_equals_two(policy, tasks, one_server, two):
     runs = {("1", k): v for k, v in one_server.items()}
     runs |= {("2", k): v for k, v in both_schedulers(two, tasks).items()}
-    hf = make_engine(replace(VCFG, engine="hf"), policy).rollout(tasks, TOKENS, seed=0)
+    hf = make_engine(replace(VCFG, engine="hf"), policy, BFCL).rollout(tasks, TOKENS, seed=0)
     for key, out in runs.items():
         assert [r.ids for r in out] == [r.ids for r in hf], key
         assert [r.mask for r in out] == [r.mask for r in hf], key
@@ -189,3 +203,52 @@ def test_a_module_planted_in_the_working_directory_does_not_run(two):
         assert cmdline[1:4] == ["-P", "-m", "vllm.entrypoints.openai.api_server"]
         assert os.readlink(f"/proc/{pid}/cwd") == str(server.home)
         assert (server.home.stat().st_mode & 0o777) == 0o700
+
+
+def test_no_port_another_user_can_take(two, tmp_path):
+    """A vLLM server's port was picked free, put on its command line and bound seconds later:
+    another user who took it got every prompt and the key and chose the sampled tokens. Now
+    each server is on a Unix socket in its own 0700 folder: its command line names no port for
+    the squatter (as user nobody) who watched the servers start, it was sent nothing, it cannot
+    connect to the socket, and the client refuses a socket in a folder others could enter."""
+    from rcgrpo.rollout.vllm_socket import check_socket
+
+    took, seen = two.squatted
+    assert took == [] and seen == [], (took, seen)
+    for server in two.servers:
+        pid = server.server_pid()
+        argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+        assert "--port" not in argv and argv[argv.index("--uds") + 1] == str(server.socket)
+        assert not tcp_listeners(pid), tcp_listeners(pid)  # the API server: no TCP port at all
+        # its engine's gloo group of one binds loopback ports of its own (port 0: no race), and
+        # no command line below the guard names a port another user could take first
+        assert not [p for p in descendants(server.proc.pid) if ports_named(p)]
+        assert server.socket.parent.stat().st_mode & 0o777 == 0o700
+        if other_user():  # nobody cannot even connect
+            code = "import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])"
+            out = subprocess.run([*other_user(), sys.executable, "-c", code, str(server.socket)],
+                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert out.returncode != 0 and "PermissionError" in out.stderr, out.stderr
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    loose.chmod(0o755)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(loose / "api.sock"))
+        with pytest.raises(RuntimeError, match="is not a 0700 folder of yours"):
+            check_socket(loose / "api.sock")
+
+
+def tcp_listeners(pid: int) -> list[str]:
+    """The TCP sockets `pid` listens on (its fds' inodes among /proc/net/tcp{,6} LISTEN rows)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        link = os.readlink(fd) if fd.is_symlink() else ""
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    rows = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:
+                rows.append(f[1])
+    return rows
