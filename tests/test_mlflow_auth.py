@@ -57,7 +57,8 @@ def ui(tmp_path_factory):
 
     store = tmp_path_factory.mktemp("mlflow_auth") / "mlflow"
     store.mkdir()
-    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)  # not a registry another test set
     exp = client.create_experiment("rcgrpo", artifact_location=str(store / "artifacts"))
     run = client.create_run(exp)
     client.log_metric(run.info.run_id, "reward/mean", 0.5)
