@@ -54,8 +54,8 @@ def test_rcgrpo_ui_holds_its_ports_from_before_its_servers_start(tmp_path):
     cmd = [sys.executable, "-m", "rcgrpo.cli", "ui", "--mlflow-port", str(mport),
            "--prefect-port", str(pport)]  # fmt: skip
     with Squatter() as squatter:
-        proc = subprocess.Popen(as_from_a_terminal(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)  # fmt: skip
+        proc = subprocess.Popen(as_from_a_terminal(cmd), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
         try:
             lines = []
             for line in proc.stdout:

@@ -59,8 +59,9 @@ def test_auto_never_joins_another_processs_private_cluster(tmp_path):
             "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
     other_home = tmp_path / "other"  # Ray's defaults, as another user's run would have them
     temp = tempfile.mkdtemp(prefix="rcgrpo-ray-")  # short: Ray's socket paths fit in 107 bytes
-    other = subprocess.Popen([sys.executable, "-c", OTHER, temp], env={**env, "HOME": str(other_home)},
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    other = subprocess.Popen([sys.executable, "-c", OTHER, temp],
+                             env={**env, "HOME": str(other_home)}, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     try:
         held = other.stdout.readline().strip()
         assert held, "the other process's cluster did not start"

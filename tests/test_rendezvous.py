@@ -198,8 +198,8 @@ def test_a_killed_train_leaves_no_rendezvous_listening(tmp_path, sft_data, mlflo
     port = free_port()
     cmd = train(sft_data, tmp_path / "out", "--nnodes", "2", "--node-rank", "0",
                 "--rdzv-endpoint", f"127.0.0.1:{port}")  # fmt: skip
-    proc = subprocess.Popen(as_from_a_terminal(cmd), cwd=project_root(), env=run_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(as_from_a_terminal(cmd), cwd=project_root(), env=run_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         assert wait_for(lambda: listening(port), 300), "the rendezvous never listened"
         assert listening(port) == [f"0100007F:{port:04X}"]  # the endpoint's host only

@@ -241,9 +241,10 @@ from prefect.events import emit_event
 from rcgrpo.flow_server import private_prefect
 
 with private_prefect():
-    (uvicorn,) = [int(p) for p in open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read().split()]
-    server = open(f"/proc/{uvicorn}/task/{uvicorn}/children").read().split()
-    os.kill(int(server[0]), signal.SIGSTOP)  # the server stalls: it takes no more events
+    children = lambda pid: [int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    (guard,) = children(os.getpid())  # rcgrpo.procs' guard, whose child is the server
+    (server,) = children(guard)
+    os.kill(server, signal.SIGSTOP)  # the server stalls: it takes no more events
     emit_event(event="rcgrpo.probe", resource={"prefect.resource.id": "rcgrpo.probe"})
     print("stalled", flush=True)
     raise SystemExit(128 + signal.SIGTERM)  # what rcgrpo's SIGTERM handler raises

@@ -131,17 +131,17 @@ def private_prefect(log_dir: Path | None = None, timeout: float | None = None):
     log = _logs(log_dir) / "prefect-private.log"
     server = _spawn("Prefect API (this command's)", cmd, env, "/api/health", log, sock)
     server.auth, url = auth, server.url
+    stopping = False
     try:
         limit = timeout or float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
         wait_ready([server], limit)
         with use_prefect(f"{url}/api", auth):
             yield server
     except BaseException as err:
-        _drain_prefect(DRAIN_STOPPING_S if _stopped_by(err) else DRAIN_S)
+        stopping = _stopped_by(err)
         raise
-    else:
-        _drain_prefect(DRAIN_S)
     finally:
+        _drain_prefect(DRAIN_STOPPING_S if stopping else DRAIN_S)
         stop(server)
 
 
