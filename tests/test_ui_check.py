@@ -176,7 +176,11 @@ def test_a_killed_ui_check_leaves_no_browser(chromium, one_run_store, tmp_path, 
         while not browser and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)  # the MLflow UI starts first, then the browser
             below = descendants(proc.pid)
-            browser = [p for p in below if "--remote-debugging-pipe" in _cmdline(p)]
+            # the browser leads its own process group; a helper it forks carries the same
+            # command line until it execs (or exits), so the flag alone can pick a passer-by
+            browser = [
+                p for p in below if _pgid(p) == p and "--remote-debugging-pipe" in _cmdline(p)
+            ]
         assert browser, f"no Chromium started: {proc.poll()}"
         time.sleep(3)  # its helpers are up
         below = descendants(proc.pid)

@@ -22,7 +22,11 @@ import re
 from rcgrpo.bfcl.checkers import bfcl_check, ground_truth_calls
 from rcgrpo.bfcl.executor import Call
 from rcgrpo.bfcl.replay import parse_call_string
+from rcgrpo.bfcl.sandbox import Sandbox
 from rcgrpo.bfcl.tasks import Task
+from rcgrpo.envs.config import EnvConfig
+
+REPLAY_LIMIT_S = 300.0  # per call; all 800 ground truths replay in ~1 s on this box
 
 KINDS = (
     "drop_call",
@@ -196,18 +200,28 @@ def cases(tasks: list[Task], per_task: int, seed: int) -> list[tuple[Task, str, 
 
 
 def compare(case_list: list[tuple[Task, str, list]], tag: str = "conf") -> list[dict]:
-    """Run both checkers on every case; one dict per case with both verdicts."""
+    """Run both checkers on every case; one dict per case with both verdicts.
+
+    Our replays run in a sandbox of their own whose per-call limit (REPLAY_LIMIT_S) no dataset
+    call comes near: bfcl-eval runs every call without a limit, and what is compared is the two
+    checkers' rules. With the run's 5 s, a stall that the worker's own clock counts (a page
+    fault under memory pressure, a stolen CPU) could time a cheap call out and flip a verdict.
+    """
     rows = []
-    for i, (task, kind, trajectory) in enumerate(case_list):
-        ours = bfcl_check(task, trajectory)
-        theirs = official_verdict(task, trajectory, f"rcgrpo_{tag}_{i}")
-        rows.append(
-            {
-                "task_id": task.id,
-                "kind": kind,
-                "ours": ours.passed,
-                "theirs": theirs,
-                "reason": ours.reason,
-            }
-        )
+    sandbox = Sandbox(EnvConfig(tool_timeout_s=REPLAY_LIMIT_S))
+    try:
+        for i, (task, kind, trajectory) in enumerate(case_list):
+            ours = bfcl_check(task, trajectory, sandbox=sandbox)
+            theirs = official_verdict(task, trajectory, f"rcgrpo_{tag}_{i}")
+            rows.append(
+                {
+                    "task_id": task.id,
+                    "kind": kind,
+                    "ours": ours.passed,
+                    "theirs": theirs,
+                    "reason": ours.reason,
+                }
+            )
+    finally:
+        sandbox.close()
     return rows
