@@ -15,6 +15,7 @@ The full run (800 ground truths + 2,400 perturbations) is a script; a sample run
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import random
 import re
@@ -22,9 +23,8 @@ import re
 from rcgrpo.bfcl.checkers import bfcl_check, ground_truth_calls
 from rcgrpo.bfcl.executor import Call
 from rcgrpo.bfcl.replay import parse_call_string
-from rcgrpo.bfcl.sandbox import Sandbox
+from rcgrpo.bfcl.sandbox import Sandbox, configured
 from rcgrpo.bfcl.tasks import Task
-from rcgrpo.envs.config import EnvConfig
 
 REPLAY_LIMIT_S = 300.0  # per call; all 800 ground truths replay in ~1 s on this box
 
@@ -208,7 +208,7 @@ def compare(case_list: list[tuple[Task, str, list]], tag: str = "conf") -> list[
     fault under memory pressure, a stolen CPU) could time a cheap call out and flip a verdict.
     """
     rows = []
-    sandbox = Sandbox(EnvConfig(tool_timeout_s=REPLAY_LIMIT_S))
+    sandbox = Sandbox(dataclasses.replace(configured(), tool_timeout_s=REPLAY_LIMIT_S))
     try:
         for i, (task, kind, trajectory) in enumerate(case_list):
             ours = bfcl_check(task, trajectory, sandbox=sandbox)
