@@ -26,7 +26,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
+from pathlib import Path
 
+from rcgrpo.owned import private_dir
 from rcgrpo.runtime import apply_defaults, project_root
 
 apply_defaults()
@@ -57,6 +60,9 @@ def serve(
         sys.path.insert(0, root)
     os.chdir(root)  # entrypoint paths are relative to the working dir
 
+    # Prefect's Runner keeps its storage in the temp dir and leaves `runner_storage` there on
+    # exit: this serving process's temp files go to the project's cache/, not the shared /tmp
+    tempfile.tempdir = str(private_dir(Path(root) / "cache" / "tmp"))
     from flows.pipeline import pipeline_flow
 
     pipeline_flow.serve(

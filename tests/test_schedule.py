@@ -93,6 +93,8 @@ def test_served_deployment_has_cron_and_a_triggered_run_completes(server, prefec
     env = {**os.environ, "PREFECT_API_URL": server, "PREFECT_API_AUTH_STRING": prefect.auth,
            "MLFLOW_TRACKING_URI": f"sqlite:///{store}/mlflow.db"}  # fmt: skip
     env.pop("MLFLOW_REGISTRY_URI", None)  # exported by mlflow.set_registry_uri in other tests
+    env["TMPDIR"] = str(system_tmp := tmp_path / "system_tmp")  # the shared /tmp, as it sees it
+    system_tmp.mkdir()
     params = f'{{"stages": [], "report_root": "{reports}"}}'
     log = (tmp_path / "serve.log").open("w")
     serve = subprocess.Popen(
@@ -121,6 +123,7 @@ def test_served_deployment_has_cron_and_a_triggered_run_completes(server, prefec
     runs = client.search_runs([client.get_experiment_by_name("rcgrpo").experiment_id])
     assert [r.info.run_name for r in runs] == ["pipeline"]
     assert runs[0].info.status == "FINISHED" and runs[0].data.tags["git.commit"]
+    assert not (system_tmp / "runner_storage").exists()  # Prefect's Runner: under cache/ instead
 
 
 def _request(url: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None):
