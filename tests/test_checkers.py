@@ -93,6 +93,9 @@ def test_agrees_with_bfcl_eval_on_a_sample_of_ground_truth_and_perturbations():
     tasks = random.Random(0).sample(list(load_tasks().values()), 120)
     rows = compare(cases(tasks, per_task=3, seed=1), tag="test")
     disagreements = [r for r in rows if r["ours"] != r["theirs"]]
-    assert not disagreements, [f"{r['task_id']} {r['kind']}: {r['reason']}" for r in disagreements]
+    assert not disagreements, [
+        f"{r['task_id']} {r['kind']}: {r['reason']} (worker restarts: {r['worker_restarts']})"
+        for r in disagreements
+    ]
     assert len(rows) == 480
     assert {r["ours"] for r in rows if r["kind"] != "ground_truth"} == {True, False}

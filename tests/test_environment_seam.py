@@ -39,12 +39,12 @@ def say(loop: AgentLoop, text: str) -> None:
 
 
 def test_the_run_picks_the_environment_by_name(monkeypatch):
-    from rcgrpo.bfcl import sandbox
+    from rcgrpo.bfcl import limits
     from rcgrpo.config import ConfigError, build
     from rcgrpo.envs import get
     from rcgrpo.envs.config import EnvConfig
 
-    monkeypatch.setattr(sandbox, "_chosen", [])  # get() sets BFCL's limits: back after the test
+    monkeypatch.setattr(limits, "_chosen", [])  # get() sets BFCL's limits: back after the test
     assert (
         get(EnvConfig()).name == "bfcl" and get(EnvConfig(name="calculator")).name == "calculator"
     )
@@ -240,20 +240,20 @@ def test_the_environment_travels_to_a_worker_with_its_limits(tmp_path, monkeypat
     import subprocess
     import sys
 
-    from rcgrpo.bfcl import sandbox
+    from rcgrpo.bfcl import limits
     from rcgrpo.envs import get
     from rcgrpo.envs.config import EnvConfig
     from rcgrpo.models.profiles import ModelConfig
     from rcgrpo.rollout.config import RolloutConfig
     from rcgrpo.rollout.execution import RolloutSpec
 
-    monkeypatch.setattr(sandbox, "_chosen", [])  # this process's limits back after the test
+    monkeypatch.setattr(limits, "_chosen", [])  # this process's limits back after the test
     env = get(EnvConfig(tool_timeout_s=1.5, message_timeout_s=7.0))
     spec = RolloutSpec(ModelConfig(profile="tiny"), None, RolloutConfig(), env)
     (tmp_path / "spec.pkl").write_bytes(pickle.dumps(spec))
     code = (
-        "import pickle, sys; from rcgrpo.bfcl import sandbox; "
-        "spec = pickle.loads(open(sys.argv[1], 'rb').read()); c = sandbox.configured(); "
+        "import pickle, sys; from rcgrpo.bfcl import limits; "
+        "spec = pickle.loads(open(sys.argv[1], 'rb').read()); c = limits.configured(); "
         "print(spec.env.name, spec.env.task('multi_turn_base_0').id, c.tool_timeout_s, c.message_timeout_s)"
     )
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "spec.pkl")],

@@ -26,7 +26,8 @@ from test_cli_pipeline import cpu_seconds
 from rcgrpo.bfcl.checkers import ground_truth_calls, score, score_many
 from rcgrpo.bfcl.conformance import cases
 from rcgrpo.bfcl.environment import STEP_ENDED, Episode, LocalEpisode
-from rcgrpo.bfcl.sandbox import Sandbox, SandboxError, configured
+from rcgrpo.bfcl.limits import configured
+from rcgrpo.bfcl.sandbox import Sandbox, SandboxError
 from rcgrpo.bfcl.tasks import get_task
 from rcgrpo.envs.config import EnvConfig
 
@@ -289,6 +290,27 @@ def test_a_failure_of_our_own_code_in_the_worker_is_raised_and_the_worker_surviv
     assert score(task, ground_truth_calls(task), sandbox=sandbox)[0].passed
 
 
+def test_a_mark_read_in_the_middle_of_its_write_is_not_taken_for_an_overrun():
+    """The worker writes a call's mark as five stores and can be preempted between them (a busy
+    box). A parent that read the new call index with the previous request's start took a call
+    that had not begun for one that had run since then, killed it, and the call's observation
+    became "timed out": a checker verdict that changed with the load. Hand-made states."""
+    import mmap
+
+    from rcgrpo.bfcl import progress
+
+    memory = mmap.mmap(-1, progress.SIZE)
+    progress.write(memory, progress.IDLE, 1_000, 0, progress.NO_DEADLINE, 0)
+    assert progress.read(memory) == (progress.IDLE, 1_000, 0, progress.NO_DEADLINE, 0)
+    seq = progress.SEQ.unpack_from(memory, 0)[0]  # the next mark begins: counter odd ...
+    progress.SEQ.pack_into(memory, 0, seq + 1)
+    progress.SEQ.pack_into(memory, progress.SEQ.size, 0)  # ... and call 0's index, not its start
+    assert progress.read(memory) is None  # "read again", never (call 0, started at 1,000 ns)
+    progress.RECORD.pack_into(memory, progress.SEQ.size, 0, 5_000, 0, progress.NO_DEADLINE, 4_000)
+    progress.SEQ.pack_into(memory, 0, seq + 2)  # the writer goes on and finishes the mark
+    assert progress.read(memory) == (0, 5_000, 0, progress.NO_DEADLINE, 4_000)
+
+
 def test_limits_come_from_params_yaml_and_bad_values_are_refused():
     import yaml
 
@@ -308,11 +330,11 @@ sys.path.insert(0, {str(Path(__file__).parent)!r})
 from test_sandbox import with_cpu
 from rcgrpo.bfcl.environment import Episode
 from rcgrpo.bfcl.tasks import get_task
-from rcgrpo.bfcl import sandbox
+from rcgrpo.bfcl import limits, sandbox
 from rcgrpo.config import parse_sets
 from rcgrpo.run_config import resolve
 rc = resolve(None, sets=parse_sets(["env.tool_timeout_s=0.5", "execution.workers=3"], True))
-sandbox.use(rc.env)  # what the stage entry (rcgrpo.tracking.stage.run_stage) does first
+limits.use(rc.env)  # what the stage entry (rcgrpo.tracking.stage.run_stage) does first
 # its tool workers are children of this one: the killed one and its replacement
 step, cpu = with_cpu(sandbox.default(), Episode(get_task("{MATH}")).step, "{POWER}")
 print(json.dumps([step.observations[0], cpu, rc.execution.workers]))

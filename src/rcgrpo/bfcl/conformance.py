@@ -22,8 +22,9 @@ import re
 
 from rcgrpo.bfcl.checkers import bfcl_check, ground_truth_calls
 from rcgrpo.bfcl.executor import Call
+from rcgrpo.bfcl.limits import configured
 from rcgrpo.bfcl.replay import parse_call_string
-from rcgrpo.bfcl.sandbox import Sandbox, configured
+from rcgrpo.bfcl.sandbox import Sandbox
 from rcgrpo.bfcl.tasks import Task
 
 REPLAY_LIMIT_S = 300.0  # per call; all 800 ground truths replay in ~1 s on this box
@@ -211,6 +212,7 @@ def compare(case_list: list[tuple[Task, str, list]], tag: str = "conf") -> list[
     sandbox = Sandbox(dataclasses.replace(configured(), tool_timeout_s=REPLAY_LIMIT_S))
     try:
         for i, (task, kind, trajectory) in enumerate(case_list):
+            restarts = sandbox.restarts
             ours = bfcl_check(task, trajectory, sandbox=sandbox)
             theirs = official_verdict(task, trajectory, f"rcgrpo_{tag}_{i}")
             rows.append(
@@ -220,6 +222,8 @@ def compare(case_list: list[tuple[Task, str, list]], tag: str = "conf") -> list[
                     "ours": ours.passed,
                     "theirs": theirs,
                     "reason": ours.reason,
+                    # the worker was killed or died during our replay: a call got an error
+                    "worker_restarts": sandbox.restarts - restarts,
                 }
             )
     finally:

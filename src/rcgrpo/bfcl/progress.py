@@ -1,6 +1,7 @@
 """The progress protocol between the tool-call sandbox's parent (bfcl/sandbox.py) and its worker
-(bfcl/tool_worker.py): a shared memfd holding (call index, start, reason, deadline, since), and
-the clock the tool limits are measured in.
+(bfcl/tool_worker.py): a shared memfd holding (call index, start, reason, deadline, since) behind
+a write counter (`write`, `read`: a reader never takes a half-written record), and the clock the
+tool limits are measured in.
 
 Before each model call the worker writes the call's index and start into it (`mark`), which the
 parent reads to enforce the per-call limit; a MemoryError inside a tool is reported through it
@@ -29,8 +30,11 @@ IDLE, TRUSTED = -2, -1  # progress marks: between requests; a replayed / ground-
 OUT_OF_TIME = "Error during execution: not run: time budget"  # env.message/episode_timeout_s
 OOM = 1
 NO_DEADLINE = 1 << 62
-# call index, its start, reason, the message's deadline, the message's start (own-clock ns)
-LAYOUT = struct.Struct("<qqqqq")
+# a write counter, then the record: call index, its start, reason, the message's deadline, the
+# message's start (own-clock ns)
+SEQ = struct.Struct("<q")
+RECORD = struct.Struct("<qqqqq")
+SIZE = SEQ.size + RECORD.size
 
 
 @dataclass(frozen=True)
@@ -83,18 +87,41 @@ def own_ns() -> int:
     return time.monotonic_ns() if now is None else now
 
 
+def write(memory: mmap.mmap, *record: int) -> None:
+    """Write the record (one writer: the worker; the parent before the worker starts).
+
+    The parent reads while the worker writes, and a write is five stores that a preempted writer
+    can leave half done: a reader that took the new call index with the previous start would
+    see a call that had run since the last request and kill it. So the counter is odd while a
+    write is under way (a seqlock): `read` answers None then, and for a record that changed
+    under it. The stores reach the other process in program order (x86-64)."""
+    seq = SEQ.unpack_from(memory, 0)[0]
+    SEQ.pack_into(memory, 0, seq + 1)
+    RECORD.pack_into(memory, SEQ.size, *record)
+    SEQ.pack_into(memory, 0, seq + 2)
+
+
+def read(memory: mmap.mmap) -> tuple[int, int, int, int, int] | None:
+    """The record, or None while a write is under way (try again)."""
+    seq = SEQ.unpack_from(memory, 0)[0]
+    if seq & 1:
+        return None
+    record = RECORD.unpack_from(memory, SEQ.size)
+    return record if SEQ.unpack_from(memory, 0)[0] == seq else None
+
+
 def mark(index: int, deadline: int = NO_DEADLINE, since: int = 0) -> None:
     """Record that call `index` starts now (the parent's reading for the per-call limit), the
     own-clock `deadline` of its message and when the message's calls began."""
     if _progress is not None:
-        LAYOUT.pack_into(_progress, 0, index, own_ns(), 0, deadline, since)
+        write(_progress, index, own_ns(), 0, deadline, since)
 
 
 def out_of_memory() -> None:
     """Called on a MemoryError inside a tool: tell the parent why, and end this worker."""
     if _progress is not None:
-        index, start, _, deadline, since = LAYOUT.unpack_from(_progress, 0)
-        LAYOUT.pack_into(_progress, 0, index, start, OOM, deadline, since)
+        index, start, _, deadline, since = read(_progress)  # the only writer: never mid-write
+        write(_progress, index, start, OOM, deadline, since)
         os._exit(70)
     raise MemoryError
 

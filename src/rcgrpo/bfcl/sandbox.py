@@ -27,18 +27,28 @@ side is rcgrpo.bfcl.tool_worker; this module is the parent side. Limits: params.
 from __future__ import annotations
 
 import atexit
-import functools
 import mmap
 import os
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from rcgrpo.bfcl.observations import set_max_chars
-from rcgrpo.bfcl.progress import IDLE, LAYOUT, NO_DEADLINE, OOM, TRUSTED, Failure, OwnClock
+from rcgrpo.bfcl.limits import configured
+from rcgrpo.bfcl.progress import (
+    IDLE,
+    NO_DEADLINE,
+    OOM,
+    SIZE,
+    TRUSTED,
+    Failure,
+    OwnClock,
+    read,
+    write,
+)
 from rcgrpo.config import section_class
 
 
@@ -79,7 +89,7 @@ class Sandbox:
         to_worker, from_parent = os.pipe()[::-1]
         from_worker, to_parent = os.pipe()
         progress_fd = os.memfd_create("rcgrpo-tool-progress")
-        os.ftruncate(progress_fd, LAYOUT.size)
+        os.ftruncate(progress_fd, SIZE)
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
@@ -97,9 +107,9 @@ class Sandbox:
         )
         os.close(from_parent)
         os.close(to_parent)
-        self._progress = mmap.mmap(progress_fd, LAYOUT.size)
+        self._progress = mmap.mmap(progress_fd, SIZE)
         os.close(progress_fd)
-        LAYOUT.pack_into(self._progress, 0, IDLE, 0, 0, NO_DEADLINE, 0)
+        write(self._progress, IDLE, 0, 0, NO_DEADLINE, 0)
         self._clock = OwnClock(self._proc.pid)
         self._out = Connection(to_worker, readable=False)
         self._in = Connection(from_worker, writable=False)
@@ -132,7 +142,13 @@ class Sandbox:
         time, which runs no faster than the wall clock: waiting `left` never overshoots."""
         limit_ns = int(self.config.tool_timeout_s * 1e9)
         while True:
-            index, started, _, deadline, since = LAYOUT.unpack_from(self._progress, 0)
+            record = read(self._progress)
+            if record is None:  # the worker is writing it: read again in a moment
+                if self._proc.poll() is not None:  # or died in the middle of the write
+                    return self._died()
+                time.sleep(0.0005)
+                continue
+            index, started, _, deadline, since = record
             now = self._clock.now() if index != IDLE else None
             left, budget = 0.05, False  # idle, or the worker is gone: its pipe or status tells
             if now is not None:
@@ -155,7 +171,11 @@ class Sandbox:
                 return self._died()
 
     def _died(self):
-        index, _, reason, _, _ = LAYOUT.unpack_from(self._progress, 0)
+        index, reason = IDLE, 0  # a worker killed in the middle of a write left no record
+        for _ in range(3):
+            if (record := read(self._progress)) is not None:
+                index, _, reason, _, _ = record
+                break
         code = self._proc.wait()
         self._stop()
         if reason == OOM:
@@ -249,36 +269,6 @@ _local = threading.local()
 def _close_all() -> None:
     for sandbox in list(_ALL):
         sandbox.close()
-
-
-_chosen: list = []  # the run's `env:` section, set once by the run's environment
-
-
-def use(cfg) -> None:
-    """Make `cfg` (a resolved run's `env:`) what this process's tool workers run under; call
-    before the first sandbox starts (each thread keeps the one it started). Episodes run in
-    this process (no worker) cut their observations at the same size."""
-    _chosen[:] = [cfg]
-    set_max_chars(cfg.max_observation_chars)
-
-
-def configured():
-    """The run's `env:` (`use`), else params.yaml `env:` of the checkout, else the defaults."""
-    return _chosen[0] if _chosen else _from_params()
-
-
-@functools.cache
-def _from_params():
-    """params.yaml `env:` (its class found by name, rcgrpo.config.SECTIONS: the section is the
-    run's, above this package), or its defaults without a params.yaml."""
-    from rcgrpo.config import ConfigError, load_section
-
-    try:
-        return load_section("env", section_class("env"))
-    except ConfigError as e:
-        if "not found" in str(e):
-            return section_class("env")()
-        raise
 
 
 def default() -> Sandbox:

@@ -80,7 +80,7 @@ def worker_main() -> None:
     observations.set_max_chars(max_chars)
     with contextlib.suppress(OSError, AttributeError):  # die with the parent thread that
         ctypes.CDLL(None).prctl(1, 9)  # started us (Linux PR_SET_PDEATHSIG = 1, SIGKILL)
-    progress.attach(mmap.mmap(fd_progress, progress.LAYOUT.size))
+    progress.attach(mmap.mmap(fd_progress, progress.SIZE))
     limit = memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     _serve(Connection(fd_in, writable=False), Connection(fd_out, readable=False))

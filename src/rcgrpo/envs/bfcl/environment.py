@@ -34,7 +34,8 @@ class SandboxPool:
         self._lock = threading.Lock()
 
     def worker(self, index: int):
-        from rcgrpo.bfcl.sandbox import Sandbox, configured
+        from rcgrpo.bfcl.limits import configured
+        from rcgrpo.bfcl.sandbox import Sandbox
 
         with self._lock:
             while len(self._sandboxes) < self.k:
@@ -64,9 +65,9 @@ class BfclEnvironment:
     def __init__(self, cfg=None):
         self.cfg = cfg
         if cfg is not None:
-            from rcgrpo.bfcl import sandbox
+            from rcgrpo.bfcl import limits
 
-            sandbox.use(cfg)  # before any tool worker of this process starts
+            limits.use(cfg)  # before any tool worker of this process starts
 
     def __reduce__(self):
         return (BfclEnvironment, (self.cfg,))
