@@ -25,7 +25,10 @@ if [ "$KIND" = cpu ]; then
 else
   "$VENV/bin/python" -m pip install -q "vllm==$VLLM_VERSION" >&2
 fi
-"$VENV/bin/python" -c "import vllm, transformers" >&2
+# importing vllm creates torch.compile's cache folder: the project's cache/, not the shared /tmp
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$ROOT/cache/inductor}" \
+  "$VENV/bin/python" -c "import vllm, transformers" >&2
 rm -f "$VENV"/.vllm-*
 touch "$STAMP"
 echo "$VENV/bin/python"
