@@ -171,11 +171,8 @@ class Sandbox:
                 return self._died()
 
     def _died(self):
-        index, reason = IDLE, 0  # a worker killed in the middle of a write left no record
-        for _ in range(3):
-            if (record := read(self._progress)) is not None:
-                index, _, reason, _, _ = record
-                break
+        # a worker killed in the middle of a write left no record: died between calls
+        index, _, reason, _, _ = read(self._progress) or (IDLE, 0, 0, NO_DEADLINE, 0)
         code = self._proc.wait()
         self._stop()
         if reason == OOM:
