@@ -181,6 +181,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="--against: HEAD/REF pairs")
     ap.add_argument("--steps", type=int, default=2, help="--against: updates per process")
     args = ap.parse_args()
+    from rcgrpo.runtime import apply_defaults
+
+    apply_defaults()  # caches (tiktoken's for the qwen-shape tokenizer) in cache/, not /tmp
     args.threads = args.threads or (1 if args.against else 2)
     if args.against:
         from update_against import against  # bench/update_against.py
