@@ -292,9 +292,9 @@ def test_a_failure_of_our_own_code_in_the_worker_is_raised_and_the_worker_surviv
 
 def test_a_mark_read_in_the_middle_of_its_write_is_not_taken_for_an_overrun():
     """The worker writes a call's mark as five stores and can be preempted between them (a busy
-    box). A parent that read the new call index with the previous request's start took a call
-    that had not begun for one that had run since then, killed it, and the call's observation
-    became "timed out": a checker verdict that changed with the load. Hand-made states."""
+    box). A parent that read the new call index with the previous start (0 right after a worker
+    starts) took a call that had not begun for one long overrun and killed it: its observation
+    became "timed out". Hand-made states."""
     import mmap
 
     from rcgrpo.bfcl import progress

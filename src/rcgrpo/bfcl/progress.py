@@ -91,10 +91,10 @@ def write(memory: mmap.mmap, *record: int) -> None:
     """Write the record (one writer: the worker; the parent before the worker starts).
 
     The parent reads while the worker writes, and a write is five stores that a preempted writer
-    can leave half done: a reader that took the new call index with the previous start would
-    see a call that had run since the last request and kill it. So the counter is odd while a
-    write is under way (a seqlock): `read` answers None then, and for a record that changed
-    under it. The stores reach the other process in program order (x86-64)."""
+    can leave half done: a reader that took the new call index with the previous start (0 in a
+    fresh worker) would see a call that had run since then and could kill it. So the counter is
+    odd while a write is under way (a seqlock): `read` answers None then, and for a record that
+    changed under it. The stores reach the other process in program order (x86-64)."""
     seq = SEQ.unpack_from(memory, 0)[0]
     SEQ.pack_into(memory, 0, seq + 1)
     RECORD.pack_into(memory, SEQ.size, *record)
