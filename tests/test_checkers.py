@@ -94,8 +94,61 @@ def test_agrees_with_bfcl_eval_on_a_sample_of_ground_truth_and_perturbations():
     rows = compare(cases(tasks, per_task=3, seed=1), tag="test")
     disagreements = [r for r in rows if r["ours"] != r["theirs"]]
     assert not disagreements, [
-        f"{r['task_id']} {r['kind']}: {r['reason']} (worker restarts: {r['worker_restarts']})"
+        f"{r['task_id']} {r['kind']}: {r['reason']} (worker replaced: {r['worker_replaced']})"
         for r in disagreements
     ]
     assert len(rows) == 480
     assert {r["ours"] for r in rows if r["kind"] != "ground_truth"} == {True, False}
+
+
+def test_a_replay_whose_worker_is_killed_mid_call_is_replayed_again(monkeypatch):
+    """An outside kill of the comparison's worker during a model call (a real SIGKILL) gives
+    that call an error observation; the replay runs once more in a fresh worker, so the verdict
+    is the checkers' rules, and the row names the kill."""
+    import dataclasses
+    import os
+    import signal
+    import threading
+    import time
+
+    from rcgrpo.bfcl import conformance
+    from rcgrpo.bfcl.progress import read
+    from rcgrpo.bfcl.sandbox import Sandbox
+
+    boxes = []
+
+    class Watched(Sandbox):  # the real sandbox; the test only needs to find its worker
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            boxes.append(self)
+
+    monkeypatch.setattr(conformance, "Sandbox", Watched)
+    base = get_task("multi_turn_base_15")  # MathAPI: power() is a needed result, ~0.2 s here
+    turns = [list(base.ground_truth[0]) + ["power(base=3, exponent=1000000)"]]
+    task = dataclasses.replace(base, ground_truth=turns + [list(t) for t in base.ground_truth[1:]])
+    killed = []
+
+    def kill_during_the_models_power():
+        deadline = time.monotonic() + 120
+        while not killed and time.monotonic() < deadline:
+            box = boxes[0] if boxes else None
+            if box is not None and box.pid() is not None:
+                record = read(box._progress)
+                if record is not None and record[0] == len(turns[0]) - 1:  # model call: power
+                    os.kill(box.pid(), signal.SIGKILL)
+                    killed.append(box.pid())
+            time.sleep(0.001)
+
+    killer = threading.Thread(target=kill_during_the_models_power)
+    killer.start()
+    try:
+        rows = compare([(task, "ground_truth", ground_truth_calls(task))], tag="killed")
+    finally:
+        killed.append(None)
+        killer.join()
+    assert len(killed) == 2, "the model's power() never ran long enough to be killed"
+    [row] = rows
+    assert row["ours"] and row["theirs"], row
+    assert row["worker_replaced"] == [
+        f"in model call {len(turns[0]) - 1}: the tool process died (exit status -9)"
+    ]

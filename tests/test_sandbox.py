@@ -223,12 +223,16 @@ def test_kill_9_of_the_worker_between_calls_is_invisible_to_the_episode(sandbox)
     episode.begin_turn()
     episode.step("cd(folder='document')")
     episode.step("mkdir(dir_name='temp')")
+    fds = len(os.listdir("/proc/self/fd"))
     os.kill(sandbox.pid(), signal.SIGKILL)
     time.sleep(0.2)
     assert episode.step("pwd()").observations == [
         '{"current_working_directory": "/workspace/document"}'
     ]
     assert "temp" in episode.step("ls()").observations[0]
+    # the death is on record with its signal, and the dead worker's pipes and clock are closed
+    assert sandbox.replaced[-1] == "between requests: the tool process died (exit status -9)"
+    assert len(os.listdir("/proc/self/fd")) == fds
 
 
 def test_kill_9_during_a_call_fails_that_call_only():

@@ -207,13 +207,18 @@ def compare(case_list: list[tuple[Task, str, list]], tag: str = "conf") -> list[
     call comes near: bfcl-eval runs every call without a limit, and what is compared is the two
     checkers' rules. With the run's 5 s, a stall that the worker's own clock counts (a page
     fault under memory pressure, a stolen CPU) could time a cheap call out and flip a verdict.
+    For the same reason a replay during which the worker was replaced (a call got an error
+    observation) is replayed once more in the fresh worker; the row names the replacements
+    (`worker_replaced`), and a cause that repeats fails the second replay too.
     """
     rows = []
     sandbox = Sandbox(dataclasses.replace(configured(), tool_timeout_s=REPLAY_LIMIT_S))
     try:
         for i, (task, kind, trajectory) in enumerate(case_list):
-            restarts = sandbox.restarts
+            before = len(sandbox.replaced)
             ours = bfcl_check(task, trajectory, sandbox=sandbox)
+            if len(sandbox.replaced) > before:  # a worker killed or dead during our replay gave a
+                ours = bfcl_check(task, trajectory, sandbox=sandbox)  # call an error: once more
             theirs = official_verdict(task, trajectory, f"rcgrpo_{tag}_{i}")
             rows.append(
                 {
@@ -222,8 +227,8 @@ def compare(case_list: list[tuple[Task, str, list]], tag: str = "conf") -> list[
                     "ours": ours.passed,
                     "theirs": theirs,
                     "reason": ours.reason,
-                    # the worker was killed or died during our replay: a call got an error
-                    "worker_restarts": sandbox.restarts - restarts,
+                    # the worker was killed or died during our replay (a call got an error): why
+                    "worker_replaced": sandbox.replaced[before:],
                 }
             )
     finally:

@@ -80,7 +80,7 @@ class Sandbox:
         self._keep: dict[int, object] = {}  # strong refs so a task id is never reused
         self._drops: list[int] = []
         self._next_id = 0
-        self.restarts = 0  # workers replaced after a kill or a death
+        self.replaced: list[str] = []  # why each worker was replaced (a kill or a death)
         self._owner = os.getpid()
         _ALL.add(self)
 
@@ -131,6 +131,11 @@ class Sandbox:
             if self._owner == os.getpid():  # never the worker of the process we forked from
                 self._stop()
             self._proc = None
+
+    @property
+    def restarts(self) -> int:
+        """Workers replaced after a kill or a death."""
+        return len(self.replaced)
 
     def pid(self) -> int | None:
         """The worker's pid (None before the first request)."""
@@ -196,7 +201,9 @@ class Sandbox:
                 self._proc, self._owner = None, os.getpid()
             skip: dict[int, str] = {}
             for _ in range(64 + retries):
-                if self._proc is None or self._proc.poll() is not None:
+                if self._proc is not None and self._proc.poll() is not None:
+                    self._replace("between requests")
+                if self._proc is None:
                     self._start()
                 new = {id(t): t for t in tasks if id(t) not in self._tasks}
                 message = (op, self._drops[:], new, *make_args(skip))
@@ -204,13 +211,14 @@ class Sandbox:
                     self._out.send(message)
                     reply = self._wait()
                 except (BrokenPipeError, OSError):  # died while idle (an outside kill)
-                    self._stop()
-                    self._proc = None
-                    self.restarts += 1
+                    self._replace("before the request")
                     continue
                 except _Killed as killed:
                     self._proc = None
-                    self.restarts += 1
+                    at = {IDLE: "between calls", TRUSTED: "in a trusted call"}
+                    self.replaced.append(
+                        f"{at.get(killed.index, f'in model call {killed.index}')}: {killed.why}"
+                    )
                     if spent is not None:
                         spent[0] += killed.spent_ns
                     if killed.index == TRUSTED and not killed.why.startswith("the tool process"):
@@ -226,6 +234,13 @@ class Sandbox:
                 self._keep.update(new)
                 return reply, set(skip)
             raise SandboxError(f"{where}: the tool worker keeps failing")
+
+    def _replace(self, at: str) -> None:
+        """The worker died outside a request's calls: forget it (the next request starts one)."""
+        self._stop()
+        code = self._proc.returncode
+        self.replaced.append(f"{at}: the tool process died (exit status {code})")
+        self._proc = None
 
     # -- episodes --------------------------------------------------------------------------------
     def register(self, episode) -> int:
