@@ -1,6 +1,7 @@
 """Both checkers on hand-made trajectories, and agreement with bfcl-eval on a sample."""
 
 import random
+import warnings
 
 import pytest
 
@@ -98,6 +99,13 @@ def test_agrees_with_bfcl_eval_on_a_sample_of_ground_truth_and_perturbations():
         for r in disagreements
     ]
     assert len(rows) == 480
+    if replaced := [
+        f"{r['task_id']} {r['kind']}: {r['worker_replaced']}" for r in rows if r["worker_replaced"]
+    ]:
+        # replayed again and agreed: the kill or death is kept in the run's warnings summary
+        warnings.warn(
+            f"conformance replays whose tool worker was replaced: {replaced}", stacklevel=1
+        )
     assert {r["ours"] for r in rows if r["kind"] != "ground_truth"} == {True, False}
 
 
