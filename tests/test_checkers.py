@@ -1,6 +1,7 @@
 """Both checkers on hand-made trajectories, and agreement with bfcl-eval on a sample."""
 
 import random
+import re
 import warnings
 
 import pytest
@@ -134,29 +135,39 @@ def test_a_replay_whose_worker_is_killed_mid_call_is_replayed_again(monkeypatch)
     base = get_task("multi_turn_base_15")  # MathAPI: power() is a needed result, ~0.2 s here
     turns = [list(base.ground_truth[0]) + ["power(base=3, exponent=1000000)"]]
     task = dataclasses.replace(base, ground_truth=turns + [list(t) for t in base.ground_truth[1:]])
-    killed = []
 
-    def kill_during_the_models_power():
-        deadline = time.monotonic() + 120
-        while not killed and time.monotonic() < deadline:
-            box = boxes[0] if boxes else None
-            if box is not None and box.pid() is not None:
-                record = read(box._progress)
-                if record is not None and record[0] == len(turns[0]) - 1:  # model call: power
-                    os.kill(box.pid(), signal.SIGKILL)
-                    killed.append(box.pid())
-            time.sleep(0.001)
+    def killed_during_the_models_power() -> tuple[list, list]:
+        """One comparison with a thread that SIGKILLs the worker once power() is marked."""
+        boxes.clear()
+        killed: list = []
 
-    killer = threading.Thread(target=kill_during_the_models_power)
-    killer.start()
-    try:
-        rows = compare([(task, "ground_truth", ground_truth_calls(task))], tag="killed")
-    finally:
-        killed.append(None)
-        killer.join()
-    assert len(killed) == 2, "the model's power() never ran long enough to be killed"
-    [row] = rows
-    assert row["ours"] and row["theirs"], row
-    assert row["worker_replaced"] == [
-        f"in model call {len(turns[0]) - 1}: the tool process died (exit status -9)"
-    ]
+        def kill():
+            while not killed:
+                box = boxes[0] if boxes else None
+                progress = getattr(box, "_progress", None)  # set just after the worker starts
+                if progress is not None and box.pid() is not None:
+                    record = read(progress)
+                    if record is not None and record[0] == len(turns[0]) - 1:  # power()
+                        os.kill(box.pid(), signal.SIGKILL)
+                        killed.append(box.pid())
+                time.sleep(0.001)
+
+        killer = threading.Thread(target=kill)
+        killer.start()
+        try:
+            rows = compare([(task, "ground_truth", ground_truth_calls(task))], tag="killed")
+        finally:
+            killed.append(None)
+            killer.join()
+        return rows, killed[:-1]
+
+    for _ in range(3):  # on a busy box the killer can miss power()'s ~0.2 s (or the request): again
+        [row], killed = killed_during_the_models_power()
+        if killed and row["worker_replaced"]:
+            break
+    assert killed and len(row["worker_replaced"]) == 1, (killed, row)
+    assert row["ours"] and row["theirs"], row  # replayed again in the fresh worker: agreed
+    # power(), or a later call of the replay when the killer thread was descheduled in between
+    assert re.fullmatch(
+        r"in model call \d+: the tool process died \(exit status -9\)", row["worker_replaced"][0]
+    ), row
