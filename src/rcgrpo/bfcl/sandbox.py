@@ -56,6 +56,13 @@ class SandboxError(RuntimeError):
     """A trusted call (ground truth, a replay of calls that ran before) failed in the worker."""
 
 
+DIED = "the tool process died"  # a death, not a kill of ours: a trusted call is resent
+
+
+def _death(code: int | None) -> str:
+    return f"{DIED} (exit status {code})"
+
+
 # -- parent side ---------------------------------------------------------------------------------
 class _Killed(Exception):
     def __init__(self, index: int, why: str, spent_ns: int = 0):
@@ -183,7 +190,7 @@ class Sandbox:
         if reason == OOM:
             why = f"out of memory (limit {self.config.tool_memory_mb} MiB)"
         else:
-            why = f"the tool process died (exit status {code})"
+            why = _death(code)
         raise _Killed(index, why)
 
     def request(self, op: str, tasks: list, make_args, retries: int = 3, spent=None):
@@ -221,7 +228,7 @@ class Sandbox:
                     )
                     if spent is not None:
                         spent[0] += killed.spent_ns
-                    if killed.index == TRUSTED and not killed.why.startswith("the tool process"):
+                    if killed.index == TRUSTED and not killed.why.startswith(DIED):
                         raise SandboxError(f"{where}: a trusted call {killed.why}") from None
                     if killed.index >= 0:
                         skip[killed.index] = f"Error during execution: {killed.why}"
@@ -239,7 +246,7 @@ class Sandbox:
         """The worker died outside a request's calls: forget it (the next request starts one)."""
         self._stop()
         code = self._proc.returncode
-        self.replaced.append(f"{at}: the tool process died (exit status {code})")
+        self.replaced.append(f"{at}: {_death(code)}")
         self._proc = None
 
     # -- episodes --------------------------------------------------------------------------------
