@@ -143,13 +143,12 @@ def test_a_replay_whose_worker_is_killed_mid_call_is_replayed_again(monkeypatch)
 
         def kill():
             while not killed:
-                box = boxes[0] if boxes else None
-                progress = getattr(box, "_progress", None)  # set just after the worker starts
-                if progress is not None and box.pid() is not None:
-                    record = read(progress)
+                worker = getattr(boxes[0], "_worker", None) if boxes else None  # once it started
+                if worker is not None:
+                    record = read(worker.progress)
                     if record is not None and record[0] == len(turns[0]) - 1:  # power()
-                        os.kill(box.pid(), signal.SIGKILL)
-                        killed.append(box.pid())
+                        os.kill(worker.proc.pid, signal.SIGKILL)
+                        killed.append(worker.proc.pid)
                 time.sleep(0.001)
 
         killer = threading.Thread(target=kill)

@@ -255,6 +255,93 @@ def test_kill_9_during_a_call_fails_that_call_only():
         box.close()
 
 
+def test_a_worker_outlives_the_thread_that_started_it():
+    """A sandbox shared by threads (the rollout's SandboxPool, one thread per episode in flight):
+    its worker is started by the first thread that uses it, and that thread ends while another
+    thread's call runs. The kernel's parent-death signal follows the thread that forked the
+    worker, not the process; the call must still get its own result."""
+    box = Sandbox(EnvConfig(tool_timeout_s=60.0))
+    started, go, ended = threading.Event(), threading.Event(), []
+
+    def first_user():
+        Episode(get_task(MATH), sandbox=box).step("add(a=1, b=1)")
+        started.set()
+        go.wait(timeout=120)
+        ended.append(time.monotonic())  # and the thread ends
+
+    def end_it_once_the_call_runs(pid: int):
+        try:
+            base = proc_cpu(pid)
+            while proc_cpu(pid) < base + 0.05:  # the worker is computing power()
+                time.sleep(0.005)
+        finally:
+            go.set()
+
+    starter = threading.Thread(target=first_user)
+    starter.start()
+    try:
+        assert started.wait(timeout=120)
+        pid = box.pid()
+        watcher = threading.Thread(target=end_it_once_the_call_runs, args=(pid,))
+        watcher.start()
+        step = Episode(get_task(MATH), sandbox=box).step("power(base=3, exponent=3000000)")
+        done = time.monotonic()
+        starter.join()
+        watcher.join()
+        assert ended and ended[0] < done  # the first user ended while the call ran
+        assert "the tool process died" not in step.observations[0], step.observations
+        assert box.replaced == [] and box.pid() == pid
+    finally:
+        go.set()
+        box.close()
+
+
+OWNER = f"""
+import threading
+from rcgrpo.bfcl.environment import Episode
+from rcgrpo.bfcl.sandbox import Sandbox
+from rcgrpo.bfcl.tasks import get_task
+from rcgrpo.envs.config import EnvConfig
+box = Sandbox(EnvConfig(tool_timeout_s=600.0))
+def run():  # a thread of the owner starts the worker and keeps it busy for minutes
+    Episode(get_task("{MATH}"), sandbox=box).step("add(a=1, b=1)")
+    print(box.pid(), flush=True)
+    Episode(get_task("{MATH}"), sandbox=box).step("{POWER}")
+threading.Thread(target=run).start()
+"""
+
+
+def ended(pid: int) -> bool:
+    """Not running: gone, or a zombie that its new parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_kill_9_of_the_owner_ends_its_busy_worker():
+    """The worker outlives the threads of its owner, not the owner: kill -9 of a process whose
+    worker (started from one of its threads) is in the middle of a long call ends the worker."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        worker = int(owner.stdout.readline())
+        base, deadline = proc_cpu(worker), time.monotonic() + 60
+        while proc_cpu(worker) < base + 0.1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # until power() runs
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+        deadline = time.monotonic() + 10
+        while not ended(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ended(worker), "the busy worker outlived its owner by 10 s"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        owner.stdout.close()
+
+
 def test_scoring_a_trajectory_with_a_hostile_call_does_not_hang(sandbox):
     task = get_task(MATH)
     calls = ground_truth_calls(task)

@@ -14,9 +14,7 @@ The full run (800 ground truths + 2,400 perturbations) is a script; a sample run
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import functools
 import random
 import re
 
@@ -158,25 +156,6 @@ def official_verdict(task: Task, calls: list[list[list[str]]], run_name: str) ->
         for key in [k for k in vars(multi_turn_utils) if k.startswith(prefix)]:
             del vars(multi_turn_utils)[key]
     return bool(result["valid"])
-
-
-@functools.cache
-def _default_snapshot() -> tuple[tuple, ...]:
-    """(function, deep copy of its __defaults__) for every method of the 8 API classes, taken
-    once, before bfcl-eval's first run in this process."""
-    import importlib
-
-    from rcgrpo.bfcl.instances import backend
-    from rcgrpo.bfcl.tasks import FUNC_DOC_FILES
-
-    modules, _ = backend()
-    out = []
-    for class_name in FUNC_DOC_FILES:
-        cls = getattr(importlib.import_module(modules[class_name]), class_name)
-        for function in vars(cls).values():
-            if callable(function) and getattr(function, "__defaults__", None):
-                out.append((function, copy.deepcopy(function.__defaults__)))
-    return tuple(out)
 
 
 def cases(tasks: list[Task], per_task: int, seed: int) -> list[tuple[Task, str, list]]:

@@ -3,8 +3,8 @@
 A BFCL tool is plain Python on model-chosen literals, and some literals never return:
 `power(base=10, exponent=300000000)` computes a 10^9-bit integer inside one C call (no signal,
 no thread can interrupt it), `logarithm(value=2, base=3, precision=50000000)` asks mpmath for
-50 M digits. So every call runs in a long-lived worker subprocess (one per thread of the parent)
-that holds the episodes' API instances:
+50 M digits. So every call runs in a long-lived worker subprocess (one per sandbox; `default()`
+gives each thread its own) that holds the episodes' API instances:
   * time: before each call the worker writes (call index, start) into a shared 8-byte-aligned
     memfd; the parent waits on the pipe and SIGKILLs the worker once the running call has taken
     `tool_timeout_s` of the worker's own time: wall time less its waits for a CPU, so a busy box
@@ -17,7 +17,8 @@ that holds the episodes' API instances:
     is that of before the call.
 Scoring (`rcgrpo.bfcl.checkers`) sends whole trajectories in one request (a rollout batch: see
 agent_loop.results) and replays them in the worker under the same per-call limit. The worker
-side is rcgrpo.bfcl.tool_worker; this module is the parent side. Limits: params.yaml `env:`
+side is rcgrpo.bfcl.tool_worker; this module is the parent side (the worker's process and how it
+is started and stopped: rcgrpo.bfcl.worker_process). Limits: params.yaml `env:`
 (rcgrpo.envs.config.EnvConfig, or anything with its five limits), or `--set env.*`.
 
     from rcgrpo.envs.config import EnvConfig
@@ -26,29 +27,14 @@ side is rcgrpo.bfcl.tool_worker; this module is the parent side. Limits: params.
 
 from __future__ import annotations
 
-import atexit
-import mmap
 import os
-import subprocess
-import sys
 import threading
 import time
 import weakref
-from multiprocessing.connection import Connection
-from pathlib import Path
 
 from rcgrpo.bfcl.limits import configured
-from rcgrpo.bfcl.progress import (
-    IDLE,
-    NO_DEADLINE,
-    OOM,
-    SIZE,
-    TRUSTED,
-    Failure,
-    OwnClock,
-    read,
-    write,
-)
+from rcgrpo.bfcl.progress import IDLE, NO_DEADLINE, OOM, TRUSTED, Failure, read
+from rcgrpo.bfcl.worker_process import WorkerProcess
 from rcgrpo.config import section_class
 
 
@@ -81,7 +67,7 @@ class Sandbox:
         # an `env:` section (its five limits: rcgrpo.envs.config, found by name), or its defaults
         self.config = config or section_class("env")()
         self._lock = threading.RLock()
-        self._proc: subprocess.Popen | None = None
+        self._worker: WorkerProcess | None = None
         self._live: set[int] = set()  # episodes present in the current worker
         self._tasks: dict[int, object] = {}  # id(task) -> task, sent to the current worker
         self._keep: dict[int, object] = {}  # strong refs so a task id is never reused
@@ -89,55 +75,22 @@ class Sandbox:
         self._next_id = 0
         self.replaced: list[str] = []  # why each worker was replaced (a kill or a death)
         self._owner = os.getpid()
-        _ALL.add(self)
 
     # -- process ---------------------------------------------------------------------------------
     def _start(self) -> None:
-        to_worker, from_parent = os.pipe()[::-1]
-        from_worker, to_parent = os.pipe()
-        progress_fd = os.memfd_create("rcgrpo-tool-progress")
-        os.ftruncate(progress_fd, SIZE)
-        package_root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        code = "from rcgrpo.bfcl.tool_worker import worker_main; worker_main()"
-        fds = (from_parent, to_parent, progress_fd)
-        limits = (self.config.tool_memory_mb, self.config.max_observation_chars)
-        args = [str(fd) for fd in fds] + [str(n) for n in limits]
-        self._proc = subprocess.Popen(
-            # -P: `-c` would put the working directory first on sys.path, and a planted
-            # mmap.py there would run inside the worker
-            [sys.executable, "-P", "-c", code, *args],
-            pass_fds=fds,
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
-        os.close(from_parent)
-        os.close(to_parent)
-        self._progress = mmap.mmap(progress_fd, SIZE)
-        os.close(progress_fd)
-        write(self._progress, IDLE, 0, 0, NO_DEADLINE, 0)
-        self._clock = OwnClock(self._proc.pid)
-        self._out = Connection(to_worker, readable=False)
-        self._in = Connection(from_worker, writable=False)
+        self._worker = WorkerProcess.start(self.config)
         self._live.clear()
         self._tasks.clear()
         self._drops.clear()
 
     def _stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()  # SIGKILL: a tool stuck in C code ignores everything else
-        if self._proc is not None:
-            self._proc.wait()
-            self._out.close()
-            self._in.close()
-            self._clock.close()
+        if self._worker is not None:
+            self._worker.release()  # once: later calls, and its collection, do nothing
 
     def close(self) -> None:
         with self._lock:
-            if self._owner == os.getpid():  # never the worker of the process we forked from
-                self._stop()
-            self._proc = None
+            self._stop()
+            self._worker = None
 
     @property
     def restarts(self) -> int:
@@ -146,22 +99,23 @@ class Sandbox:
 
     def pid(self) -> int | None:
         """The worker's pid (None before the first request)."""
-        return self._proc.pid if self._proc is not None else None
+        return self._worker.proc.pid if self._worker is not None else None
 
     def _wait(self):
         """The worker's reply, or _Killed once the running call overruns (its own limit, or for
         a model call its message's deadline) or the worker dies. Both are in the worker's own
         time, which runs no faster than the wall clock: waiting `left` never overshoots."""
         limit_ns = int(self.config.tool_timeout_s * 1e9)
+        worker = self._worker
         while True:
-            record = read(self._progress)
+            record = read(worker.progress)
             if record is None:  # the worker is writing it: read again in a moment
-                if self._proc.poll() is not None:  # or died in the middle of the write
+                if worker.proc.poll() is not None:  # or died in the middle of the write
                     return self._died()
                 time.sleep(0.0005)
                 continue
             index, started, _, deadline, since = record
-            now = self._clock.now() if index != IDLE else None
+            now = worker.clock.now() if index != IDLE else None
             left, budget = 0.05, False  # idle, or the worker is gone: its pipe or status tells
             if now is not None:
                 budget = index >= 0 and deadline < started + limit_ns
@@ -174,18 +128,18 @@ class Sandbox:
                     else (f"timed out after {self.config.tool_timeout_s:g}s")
                 )
                 raise _Killed(index, why, now - since if index >= 0 else 0)
-            if self._in.poll(max(left, 0.001)):
+            if worker.inp.poll(max(left, 0.001)):
                 try:
-                    return self._in.recv()
+                    return worker.inp.recv()
                 except (EOFError, OSError):
                     return self._died()
-            if self._proc.poll() is not None:
+            if worker.proc.poll() is not None:
                 return self._died()
 
     def _died(self):
         # a worker killed in the middle of a write left no record: died between calls
-        index, _, reason, _, _ = read(self._progress) or (IDLE, 0, 0, NO_DEADLINE, 0)
-        code = self._proc.wait()
+        index, _, reason, _, _ = read(self._worker.progress) or (IDLE, 0, 0, NO_DEADLINE, 0)
+        code = self._worker.proc.wait()
         self._stop()
         if reason == OOM:
             why = f"out of memory (limit {self.config.tool_memory_mb} MiB)"
@@ -205,23 +159,23 @@ class Sandbox:
         where = ", ".join(dict.fromkeys(t.id for t in tasks)) or op
         with self._lock:
             if self._owner != os.getpid():  # a forked child: the worker is the parent's
-                self._proc, self._owner = None, os.getpid()
+                self._worker, self._owner = None, os.getpid()
             skip: dict[int, str] = {}
             for _ in range(64 + retries):
-                if self._proc is not None and self._proc.poll() is not None:
+                if self._worker is not None and self._worker.proc.poll() is not None:
                     self._replace("between requests")
-                if self._proc is None:
+                if self._worker is None:
                     self._start()
                 new = {id(t): t for t in tasks if id(t) not in self._tasks}
                 message = (op, self._drops[:], new, *make_args(skip))
                 try:
-                    self._out.send(message)
+                    self._worker.out.send(message)
                     reply = self._wait()
                 except (BrokenPipeError, OSError):  # died while idle (an outside kill)
                     self._replace("before the request")
                     continue
                 except _Killed as killed:
-                    self._proc = None
+                    self._worker = None
                     at = {IDLE: "between calls", TRUSTED: "in a trusted call"}
                     self.replaced.append(
                         f"{at.get(killed.index, f'in model call {killed.index}')}: {killed.why}"
@@ -245,9 +199,9 @@ class Sandbox:
     def _replace(self, at: str) -> None:
         """The worker died outside a request's calls: forget it (the next request starts one)."""
         self._stop()
-        code = self._proc.returncode
+        code = self._worker.proc.returncode
         self.replaced.append(f"{at}: {_death(code)}")
-        self._proc = None
+        self._worker = None
 
     # -- episodes --------------------------------------------------------------------------------
     def register(self, episode) -> int:
@@ -280,14 +234,7 @@ class Sandbox:
         return observations, ok, extra, overran, seconds, (spent[0] + took) / 1e9
 
 
-_ALL: weakref.WeakSet[Sandbox] = weakref.WeakSet()
 _local = threading.local()
-
-
-@atexit.register
-def _close_all() -> None:
-    for sandbox in list(_ALL):
-        sandbox.close()
 
 
 def default() -> Sandbox:
