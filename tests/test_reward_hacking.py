@@ -212,6 +212,35 @@ def test_an_episode_whose_code_raises_fails_alone_and_is_counted(policy, monkeyp
     assert len(rollouts[1].ids) == len(rollouts[1].mask) == len(rollouts[1].logprobs)
 
 
+@pytest.mark.parametrize("scheduler", ["lockstep", "async"])
+def test_replaced_tool_workers_are_counted_and_the_workers_outlive_the_episode_threads(
+    policy, monkeypatch, scheduler
+):
+    """A call over the tool limit replaces its worker, counted in that rollout call's
+    rollout/tool_workers_replaced. The engine's workers then serve its next call: the async
+    scheduler's episode threads that started them have ended, and the workers live on (the
+    kernel's parent-death signal follows the forking thread: rcgrpo.bfcl.worker_process)."""
+    from rcgrpo.bfcl import limits
+
+    monkeypatch.setattr(limits, "_chosen", [EnvConfig(tool_timeout_s=0.5)])  # back after
+    cfg = RolloutConfig(
+        protocol="bfcl", max_new_tokens=64, max_total_tokens=6000, scheduler=scheduler
+    )
+    tasks = [get_task("multi_turn_base_15")] * 2  # MathAPI
+    engine = Scripted(cfg, policy, ["power(base=10, exponent=300000000)", "All done."])
+    try:
+        rollouts = engine.rollout(tasks, HIGH, seed=0)
+        assert engine.last_stats["rollout/tool_workers_replaced"] == 2
+        for rollout in rollouts:
+            assert any("timed out after 0.5s" in m["content"] for m in rollout.messages)
+        engine.script = Scripted(cfg, policy, ["absolute_value(number=-2)", "All done."]).script
+        rollouts = engine.rollout(tasks, HIGH, seed=1)
+        assert engine.last_stats["rollout/tool_workers_replaced"] == 0
+        assert all('{"result": 2' in str(r.messages) for r in rollouts)
+    finally:
+        engine.close()
+
+
 def test_a_trusted_replay_that_overruns_fails_the_episode_not_the_caller(renderer):
     """The worker is killed (for real) after a slow call; its rebuild replays that call as
     trusted, and under load it overruns: the episode ends as a failure with that reason."""

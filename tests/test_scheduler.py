@@ -266,7 +266,8 @@ def test_engine_metrics_of_shards_and_ranks_are_merged_by_hand_values():
 
     parts = [
         {"rollout/prompt_tokens": 1000.0, "rollout/prefill_tokens": 400.0,
-         "perf/engine_busy_frac": 0.5, "perf/in_flight_max": 8.0, "rollout/episode_errors": 1.0},
+         "perf/engine_busy_frac": 0.5, "perf/in_flight_max": 8.0, "rollout/episode_errors": 1.0,
+         "rollout/tool_workers_replaced": 2.0},
         {"rollout/prompt_tokens": 3000.0, "rollout/prefill_tokens": 600.0,
          "perf/engine_busy_frac": 0.9, "perf/in_flight_max": 12.0, "rollout/episode_errors": 2.0},
     ]  # fmt: skip
@@ -277,5 +278,6 @@ def test_engine_metrics_of_shards_and_ranks_are_merged_by_hand_values():
         "perf/engine_busy_frac": 0.7,
         "perf/in_flight_max": 12.0,
         "rollout/episode_errors": 3.0,
+        "rollout/tool_workers_replaced": 2.0,  # a part without it (a rank of no tool calls): 0
     }
     assert merge_stats([]) == {}

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from rcgrpo.chat.prompts import format_calls
 from rcgrpo.chat.record import Provenance, Trajectory
-from rcgrpo.rollout.environment import Rewards, carried
+from rcgrpo.rollout.environment import NoWorkers, Rewards, carried
 
 CATEGORIES = ("add", "mul")
 TOOLS = {"add": (lambda a, b: a + b, "+"), "mul": (lambda a, b: a * b, "*")}
@@ -288,13 +288,3 @@ class Calculator:
 
     def check_call(self, text: str) -> str | None:
         return None if parse(f"[{text}]") else f"not a call: {text[:80]!r}"
-
-
-class NoWorkers:
-    """The calculator's tools run in the episode itself."""
-
-    def worker(self, index: int):
-        return None
-
-    def close(self) -> None:
-        return None

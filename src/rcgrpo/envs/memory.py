@@ -39,7 +39,7 @@ from rcgrpo.envs.memory_tasks import (
     expert_calls,
     tool_docs,
 )
-from rcgrpo.rollout.environment import Rewards, carried
+from rcgrpo.rollout.environment import NoWorkers, Rewards, carried
 
 SYSTEM_PROMPT = (
     "You are an assistant with a long-term memory. Call the memory functions listed below to "
@@ -190,8 +190,6 @@ class Memory:
         return MemoryScorer(protocol, reward or "correct")
 
     def workers(self, k: int = 0):
-        from rcgrpo.envs.calculator import NoWorkers
-
         return NoWorkers()
 
     # -- the data stage ---------------------------------------------------------------------------

@@ -61,7 +61,10 @@ def merge_stats(parts: list[dict]) -> dict:
         "perf/engine_busy_frac": sum(p.get("perf/engine_busy_frac", 0.0) for p in parts)
         / len(parts),
         "perf/in_flight_max": max(p.get("perf/in_flight_max", 0.0) for p in parts),
-        "rollout/episode_errors": sum(p.get("rollout/episode_errors", 0.0) for p in parts),
+        **{
+            name: sum(p.get(name, 0.0) for p in parts)
+            for name in ("rollout/episode_errors", "rollout/tool_workers_replaced")
+        },
     }
 
 

@@ -144,9 +144,10 @@ class Engine:
                 replace(provenance),
             )
 
-        before, start = self.counters(), time.perf_counter()
+        before, start, restarts = self.counters(), time.perf_counter(), self.tools.restarts()
         if self.cfg.scheduler == "lockstep":
-            loops = [make_loop(i) for i in range(len(tasks))]
+            # one after another in one worker: the engine's first (counted with the others)
+            loops = [make_loop(i, self.tools.worker(0)) for i in range(len(tasks))]
             self.in_flight_max = len(loops)
             scheduler.lockstep(self, loops, seed, first_index)
         else:
@@ -161,6 +162,9 @@ class Engine:
         self.last_stats["rollout/episode_errors"] = float(
             sum(r.stop_reason == "error" for r in results)
         )
+        # tool workers killed (a call over its limit) or dead (a crash, an outside kill): each
+        # gave the call it cut short an error observation, or rebuilt its episodes
+        self.last_stats["rollout/tool_workers_replaced"] = float(self.tools.restarts() - restarts)
         return results
 
     def prompt_lengths(

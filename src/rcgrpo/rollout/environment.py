@@ -106,7 +106,24 @@ class Workers(Protocol):
 
     def worker(self, index: int) -> Any: ...
 
+    def restarts(self) -> int:
+        """Workers replaced so far (a call killed at its limit, or a worker that died)."""
+        ...
+
     def close(self) -> None: ...
+
+
+class NoWorkers:
+    """`Workers` of an environment whose tools run in the episode itself (none to replace)."""
+
+    def worker(self, index: int) -> None:
+        return None
+
+    def restarts(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        return None
 
 
 @runtime_checkable

@@ -42,6 +42,10 @@ class SandboxPool:
                 self._sandboxes.append(Sandbox(configured()))
             return self._sandboxes[index % self.k]
 
+    def restarts(self) -> int:
+        """Workers replaced so far (rcgrpo.bfcl.sandbox.Sandbox.replaced says where and why)."""
+        return sum(s.restarts for s in self._sandboxes)
+
     def pids(self) -> set[int]:
         """The worker processes running now."""
         return {s.pid() for s in self._sandboxes if s.pid()}
