@@ -30,6 +30,7 @@ from rcgrpo.bfcl.limits import configured
 from rcgrpo.bfcl.sandbox import Sandbox, SandboxError
 from rcgrpo.bfcl.tasks import get_task
 from rcgrpo.envs.config import EnvConfig
+from rcgrpo.owned import alive
 
 LIMIT = 1.0
 SLACK = 3.0  # CPU seconds of a worker's kill, restart and replay
@@ -311,14 +312,6 @@ threading.Thread(target=run).start()
 """
 
 
-def ended(pid: int) -> bool:
-    """Not running: gone, or a zombie that its new parent has not reaped yet."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 def test_a_kill_9_of_the_owner_ends_its_busy_worker():
     """The worker outlives the threads of its owner, not the owner: kill -9 of a process whose
     worker (started from one of its threads) is in the middle of a long call ends the worker."""
@@ -332,9 +325,9 @@ def test_a_kill_9_of_the_owner_ends_its_busy_worker():
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()
         deadline = time.monotonic() + 10
-        while not ended(worker) and time.monotonic() < deadline:
+        while alive(worker) and time.monotonic() < deadline:  # a zombie is not alive
             time.sleep(0.05)
-        assert ended(worker), "the busy worker outlived its owner by 10 s"
+        assert not alive(worker), "the busy worker outlived its owner by 10 s"
     finally:
         if owner.poll() is None:
             owner.kill()
