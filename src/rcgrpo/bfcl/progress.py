@@ -25,6 +25,7 @@ import os
 import struct
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 IDLE, TRUSTED = -2, -1  # progress marks: between requests; a replayed / ground-truth call
 OUT_OF_TIME = "Error during execution: not run: time budget"  # env.message/episode_timeout_s
@@ -44,16 +45,30 @@ class Failure:
     message: str
 
 
+class Reading(NamedTuple):
+    """One look at a worker's scheduler counters, all in ns: when (CLOCK_MONOTONIC), its own
+    clock then, its CPU time and how many times it was put on a CPU; `exact` when no wait for a
+    CPU can be pending (the worker is blocked or stopped, or there is no schedstat)."""
+
+    at: int
+    own: int
+    cpu: int
+    runs: int
+    exact: bool
+
+
 class OwnClock:
     """A process's own time in ns: CLOCK_MONOTONIC less the time its main thread (where tools
-    run) waited for a CPU. Read by the worker for itself and by the parent for the worker; a
-    read while the worker waits in the run queue counts that one wait until it ends."""
+    run) waited for a CPU. Read by the worker for itself (`now`) and by the parent for the worker
+    (`look`). The kernel adds a wait to run_delay when it ends, so a look while the worker waits
+    in the run queue counts that wait: it is an upper bound until `settled`."""
 
     def __init__(self, pid: int | str = "self"):
         try:
             self._fd: int | None = os.open(f"/proc/{pid}/schedstat", os.O_RDONLY)
+            self._stat: int | None = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
         except OSError:  # no schedstat on this kernel: the wall clock
-            self._fd = None
+            self.close()
 
     def now(self) -> int | None:
         """Own-clock ns; None once the process is gone."""
@@ -65,10 +80,36 @@ class OwnClock:
             return None
         return time.monotonic_ns() - waited
 
+    def look(self) -> Reading | None:
+        """The counters now; None once the process is gone."""
+        if self._fd is None:
+            at = time.monotonic_ns()
+            return Reading(at, at, 0, 0, True)
+        try:  # the state first: a wait that begins between the two reads is microseconds old
+            state = os.pread(self._stat, 512, 0).rpartition(b")")[2].split()[0]
+            cpu, waited, runs = (int(f) for f in os.pread(self._fd, 128, 0).split()[:3])
+        except (OSError, IndexError, ValueError):
+            return None
+        at = time.monotonic_ns()
+        return Reading(at, at - waited, cpu, runs, state != b"R")
+
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for fd in (getattr(self, "_fd", None), getattr(self, "_stat", None)):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._stat = None
+
+
+def settled(first: Reading | None, now: Reading) -> int | None:
+    """A lower bound of the worker's own clock at `now`, or None while it is not known: `now.own`
+    when no wait can be pending; else, once the worker has run since the `first` look (its runs
+    or CPU time moved), every wait that began before `first.at` has ended and is in now's
+    run_delay, so its own clock at `first.at`, and later, is at least `first.at` less that."""
+    if now.exact:
+        return now.own
+    if first is None or (now.runs, now.cpu) == (first.runs, first.cpu):
+        return None  # it waits for a CPU since `first` (or has not been looked at before)
+    return first.at - (now.at - now.own)
 
 
 _progress: mmap.mmap | None = None  # set only inside a worker process

@@ -33,7 +33,7 @@ import time
 import weakref
 
 from rcgrpo.bfcl.limits import configured
-from rcgrpo.bfcl.progress import IDLE, NO_DEADLINE, OOM, TRUSTED, Failure, read
+from rcgrpo.bfcl.progress import IDLE, NO_DEADLINE, OOM, TRUSTED, Failure, read, settled
 from rcgrpo.bfcl.worker_process import WorkerProcess
 from rcgrpo.config import section_class
 
@@ -104,9 +104,11 @@ class Sandbox:
     def _wait(self):
         """The worker's reply, or _Killed once the running call overruns (its own limit, or for
         a model call its message's deadline) or the worker dies. Both are in the worker's own
-        time, which runs no faster than the wall clock: waiting `left` never overshoots."""
+        time, which runs no faster than the wall clock: waiting `left` never overshoots. A look
+        past the limit kills only once `settled` (a look during a wait for a CPU counts it)."""
         limit_ns = int(self.config.tool_timeout_s * 1e9)
         worker = self._worker
+        first = None  # the first look past the limit, until it is settled
         while True:
             record = read(worker.progress)
             if record is None:  # the worker is writing it: read again in a moment
@@ -115,20 +117,27 @@ class Sandbox:
                 time.sleep(0.0005)
                 continue
             index, started, _, deadline, since = record
-            now = worker.clock.now() if index != IDLE else None
+            look = worker.clock.look() if index != IDLE else None
             left, budget = 0.05, False  # idle, or the worker is gone: its pipe or status tells
-            if now is not None:
+            if look is not None:
                 budget = index >= 0 and deadline < started + limit_ns
-                left = ((deadline if budget else started + limit_ns) - now) / 1e9
-            if left <= 0:
-                self._stop()
-                why = (
-                    "timed out: time budget"
-                    if budget
-                    else (f"timed out after {self.config.tool_timeout_s:g}s")
-                )
-                raise _Killed(index, why, now - since if index >= 0 else 0)
-            if worker.inp.poll(max(left, 0.001)):
+                end = deadline if budget else started + limit_ns
+                left = (end - look.own) / 1e9
+            if left > 0:
+                first = None
+            else:
+                own = settled(first, look)
+                if own is not None and own >= end:
+                    self._stop()
+                    why = (
+                        "timed out: time budget"
+                        if budget
+                        else (f"timed out after {self.config.tool_timeout_s:g}s")
+                    )
+                    raise _Killed(index, why, own - since if index >= 0 else 0)
+                first = look if own is not None or first is None else first
+                left = 0.005  # look again once it may have run
+            if worker.inp.poll(left):
                 try:
                     return worker.inp.recv()
                 except (EOFError, OSError):
