@@ -169,6 +169,15 @@ HOG = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass
 ROOT = "square_root(number=2, precision=30000)"  # a legitimate call: ~0.2 s of CPU
 
 
+def cpu_of(call: str) -> tuple[LocalEpisode, float]:
+    """An in-process Math episode that ran `call` once, and the CPU seconds the call took."""
+    local = LocalEpisode(get_task(MATH))
+    local.begin_turn()
+    start = time.process_time()
+    assert local.step(call).ok == [True]
+    return local, time.process_time() - start
+
+
 def test_a_busy_cpu_slows_calls_down_but_does_not_time_them_out():
     """The limits count the worker's own time in the model's calls, not its start or the box's
     load. The first call starts the worker, under a 4.5c s message budget; then the worker
@@ -177,11 +186,7 @@ def test_a_busy_cpu_slows_calls_down_but_does_not_time_them_out():
     4.5c budget (>= 6c of wall). With wall-clock limits, on a busy box the first was "not run:
     time budget" (the worker's start spent the budget) and the others were killed. The margins
     are measured: at load 6-9 the same call took 0.86-1.52 c of CPU in the worker."""
-    local = LocalEpisode(get_task(MATH))
-    local.begin_turn()
-    start = time.process_time()
-    assert local.step(ROOT).ok == [True]
-    c = time.process_time() - start
+    local, c = cpu_of(ROOT)
     cpu = min(os.sched_getaffinity(0))
     hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(2)]
     box = Sandbox(EnvConfig(tool_timeout_s=2.5 * c, message_timeout_s=4.5 * c))
@@ -210,11 +215,7 @@ def test_a_call_waiting_for_a_cpu_is_not_killed_for_that_wait():
     under a 3c limit was killed ("timed out after ...") on such a look. Now it gets its answer:
     a kill waits until the worker has run since the look, or is blocked."""
     call = "square_root(number=2, precision=8000)"  # ~0.03 s of CPU
-    local = LocalEpisode(get_task(MATH))
-    local.begin_turn()
-    start = time.process_time()
-    assert local.step(call).ok == [True]
-    c = time.process_time() - start
+    local, c = cpu_of(call)
     cpu = min(os.sched_getaffinity(0))
     hog = subprocess.Popen([sys.executable, "-c", HOG])
     box = Sandbox(EnvConfig(tool_timeout_s=3 * c, message_timeout_s=100))

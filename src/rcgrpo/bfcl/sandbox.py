@@ -135,7 +135,8 @@ class Sandbox:
                         else (f"timed out after {self.config.tool_timeout_s:g}s")
                     )
                     raise _Killed(index, why, own - since if index >= 0 else 0)
-                first = look if own is not None or first is None else first
+                if own is not None or first is None:  # settled short of the end, or a first look
+                    first = look
                 left = 0.005  # look again once it may have run
             if worker.inp.poll(left):
                 try:
